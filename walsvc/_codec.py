@@ -1,0 +1,291 @@
+"""The envelope: how one message is laid out as bytes, the same on every backend.
+
+Version 1, little-endian, a 36-byte fixed header followed by three variable parts::
+
+    offset size  field
+    0      1     version (1)
+    1      1     flags (0; reserved)
+    2      2     message type
+    4      4     total length of the envelope, header included
+    8      4     vchannel hash (CRC-32 of the UTF-8 name, 0 for the broadcast vchannel "")
+    12     2     vchannel length in bytes
+    14     2     reserved (0)
+    16     8     timetick
+    24     8     writer term
+    32     4     ext length
+    36     ...   vchannel (UTF-8) | ext (msgpack: properties, last-confirmed, txn, key) | payload
+
+Every later version keeps bytes 0-11 where they are, so a scan can skip or reject records
+by length, type and vchannel hash without decoding anything else. The payload is never
+decoded; ``peek`` returns it as a zero-copy memoryview.
+"""
+
+from __future__ import annotations
+
+import struct
+import types
+from collections.abc import Callable, Mapping
+from typing import Final, final
+
+import msgspec
+
+from ._errors import CorruptRecord, MessageTooLarge
+from ._filter import Filter, vchannel_hash
+from ._ids import MessageId, unmarshal_message_id
+from ._message import ImmutableMessage, Message, MessageType, TxnContext
+
+__all__ = (
+    "HEADER_SIZE",
+    "VERSION",
+    "EnvelopeHeader",
+    "count_run",
+    "decode",
+    "decode_run",
+    "encode",
+    "peek",
+)
+
+VERSION: Final = 1
+_HEADER = struct.Struct("<BBHIIHHQQI")
+HEADER_SIZE: Final = _HEADER.size  # 36
+_SCAN = struct.Struct("<BxHII")  # version, type, total length, vchannel hash
+_TIMETICK = struct.Struct("<Q")
+_MAX_TOTAL: Final = 0xFFFF_FFFF
+
+
+class _Ext(msgspec.Struct, array_like=True, omit_defaults=True):
+    properties: dict[str, str] = {}
+    last_confirmed: str | None = None
+    txn: TxnContext | None = None
+    idempotency_key: str | None = None
+
+
+_ext_encode = msgspec.msgpack.Encoder().encode
+_ext_decode = msgspec.msgpack.Decoder(_Ext).decode
+# Shared by every message without properties; ImmutableMessage.properties is read-only.
+_NO_PROPERTIES: Mapping[str, str] = types.MappingProxyType({})
+
+# Small caches for the few vchannel names a process sees; bounded against hostile input.
+_CACHE_LIMIT = 4096
+_vchannel_utf8: dict[str, tuple[bytes, int]] = {}
+_vchannel_str: dict[bytes, str] = {}
+_types: dict[int, MessageType] = {t.value: t for t in MessageType}
+
+
+@final
+class EnvelopeHeader(msgspec.Struct, frozen=True):
+    """The header of an encoded message, read without touching its payload.
+
+    ``payload`` is a memoryview into the buffer ``peek`` was given (no copy).
+    """
+
+    type: MessageType
+    vchannel: str
+    timetick: int
+    term: int
+    payload: memoryview
+
+
+def encode(
+    message: Message,
+    *,
+    timetick: int,
+    term: int,
+    last_confirmed: MessageId | None = None,
+    txn: TxnContext | None = None,
+) -> bytes:
+    """Lay ``message`` out as an envelope with the given system fields."""
+    vchannel = message.vchannel
+    cached = _vchannel_utf8.get(vchannel)
+    if cached is None:
+        utf8 = vchannel.encode()
+        cached = (utf8, vchannel_hash(utf8))
+        if len(_vchannel_utf8) >= _CACHE_LIMIT:
+            _vchannel_utf8.clear()
+        _vchannel_utf8[vchannel] = cached
+    vc_utf8, vc_hash = cached
+    if message.properties or last_confirmed is not None or txn is not None or (
+        message.idempotency_key is not None
+    ):
+        ext = _ext_encode(
+            _Ext(
+                dict(message.properties),
+                None if last_confirmed is None else last_confirmed.marshal(),
+                txn,
+                message.idempotency_key,
+            )
+        )
+    else:
+        ext = b""
+    payload = message.payload
+    total = HEADER_SIZE + len(vc_utf8) + len(ext) + len(payload)
+    if total > _MAX_TOTAL:
+        raise MessageTooLarge(f"an envelope holds at most {_MAX_TOTAL} bytes; this is {total}")
+    header = _HEADER.pack(
+        VERSION, 0, message.type, total, vc_hash, len(vc_utf8), 0, timetick, term, len(ext)
+    )
+    return b"".join((header, vc_utf8, ext, payload))
+
+
+def _unpack_header(
+    data: bytes | memoryview, offset: int, end: int
+) -> tuple[MessageType, str, int, int, int, int, int]:
+    """Validate the header at ``offset`` and return (type, vchannel, timetick, term,
+    ext_start, payload_start, record_end)."""
+    if end - offset < HEADER_SIZE:
+        raise CorruptRecord(f"record header truncated: {end - offset} of {HEADER_SIZE} bytes")
+    version, flags, type_no, total, vc_hash, vc_len, reserved, timetick, term, ext_len = (
+        _HEADER.unpack_from(data, offset)
+    )
+    if version != VERSION:
+        raise CorruptRecord(f"unknown envelope version {version} (this walsvc reads {VERSION})")
+    if flags or reserved:
+        raise CorruptRecord("reserved envelope header bits are set")
+    record_end = offset + total
+    ext_start = offset + HEADER_SIZE + vc_len
+    payload_start = ext_start + ext_len
+    if total < HEADER_SIZE or record_end > end or payload_start > record_end:
+        raise CorruptRecord(
+            f"envelope lengths do not fit: total {total}, vchannel {vc_len}, ext {ext_len},"
+            f" {end - offset} bytes available"
+        )
+    vc_bytes = bytes(data[offset + HEADER_SIZE : ext_start])
+    vchannel = _vchannel_str.get(vc_bytes)
+    if vchannel is None:
+        if vchannel_hash(vc_bytes) != vc_hash:
+            raise CorruptRecord("vchannel hash does not match the vchannel name")
+        try:
+            vchannel = vc_bytes.decode()
+        except UnicodeDecodeError:
+            raise CorruptRecord("vchannel name is not valid UTF-8") from None
+        if len(_vchannel_str) >= _CACHE_LIMIT:
+            _vchannel_str.clear()
+        _vchannel_str[vc_bytes] = vchannel
+    type_ = _types.get(type_no)
+    if type_ is None:
+        try:
+            type_ = MessageType(type_no)
+        except ValueError:
+            raise CorruptRecord(f"unknown message type {type_no}") from None
+        _types[type_no] = type_
+    return type_, vchannel, timetick, term, ext_start, payload_start, record_end
+
+
+def peek(data: bytes | memoryview) -> EnvelopeHeader:
+    """Read the header of one envelope (the whole of ``data``) without copying its payload.
+
+    Raises ``CorruptRecord`` if ``data`` is not exactly one valid envelope header and body.
+    """
+    view = memoryview(data)
+    type_, vchannel, timetick, term, _, payload_start, end = _unpack_header(view, 0, len(view))
+    if end != len(view):
+        raise CorruptRecord(f"{len(view) - end} stray bytes after the envelope")
+    return EnvelopeHeader(type_, vchannel, timetick, term, view[payload_start:end])
+
+
+def _decode_at(
+    data: bytes | memoryview, offset: int, end: int, message_id: MessageId
+) -> tuple[ImmutableMessage, int]:
+    type_, vchannel, timetick, term, ext_start, payload_start, record_end = _unpack_header(
+        data, offset, end
+    )
+    properties = _NO_PROPERTIES
+    last_confirmed = None
+    txn = None
+    key = None
+    if payload_start != ext_start:
+        try:
+            ext = _ext_decode(data[ext_start:payload_start])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CorruptRecord(f"envelope ext section does not decode: {exc}") from None
+        properties = ext.properties
+        txn = ext.txn
+        key = ext.idempotency_key
+        if ext.last_confirmed is not None:
+            last_confirmed = unmarshal_message_id(ext.last_confirmed)
+    message = ImmutableMessage(
+        message_id,
+        timetick,
+        vchannel,
+        type_,
+        bytes(data[payload_start:record_end]),
+        properties,
+        last_confirmed,
+        txn,
+        key,
+        term,
+    )
+    return message, record_end
+
+
+def decode(data: bytes | memoryview, message_id: MessageId) -> ImmutableMessage:
+    """Decode one envelope (the whole of ``data``) into the message stored at
+    ``message_id``. Raises ``CorruptRecord`` for anything but one valid envelope."""
+    message, end = _decode_at(data, 0, len(data), message_id)
+    if end != len(data):
+        raise CorruptRecord(f"{len(data) - end} stray bytes after the envelope")
+    return message
+
+
+def decode_run(
+    data: bytes | memoryview,
+    first_seq: int,
+    make_id: Callable[[int], MessageId],
+    selected: Filter,
+    *,
+    start: int = 0,
+    end: int | None = None,
+    skip: int = 0,
+) -> list[ImmutableMessage]:
+    """Decode the messages ``selected`` admits from a run of envelopes laid end to end.
+
+    The i-th envelope of the run (counting from 0) gets id ``make_id(first_seq + i)``; the
+    first ``skip`` envelopes are stepped over. Only headers are read for rejected
+    messages. Raises ``CorruptRecord`` if the run is not a whole number of valid envelopes.
+    """
+    if end is None:
+        end = len(data)
+    unpack = _SCAN.unpack_from
+    everything = selected.is_everything
+    prefilter = selected.prefilter
+    admits = selected.admits
+    out: list[ImmutableMessage] = []
+    offset = start
+    seq = first_seq
+    limit = first_seq + skip
+    while offset < end:
+        if end - offset < HEADER_SIZE:
+            raise CorruptRecord(f"run ends inside a record header at byte {offset}")
+        version, type_no, total, vc_hash = unpack(data, offset)
+        if version != VERSION or total < HEADER_SIZE or offset + total > end:
+            # _unpack_header names what is wrong.
+            _unpack_header(data, offset, end)
+            raise CorruptRecord(f"bad record at byte {offset}")  # pragma: no cover
+        if seq >= limit and (
+            everything
+            or prefilter(type_no, vc_hash, _TIMETICK.unpack_from(data, offset + 16)[0])
+        ):
+            message, _ = _decode_at(data, offset, offset + total, make_id(seq))
+            if everything or admits(message):
+                out.append(message)
+        offset += total
+        seq += 1
+    return out
+
+
+def count_run(data: bytes | memoryview, start: int = 0, end: int | None = None) -> int:
+    """The number of envelopes in a run laid end to end, checking only their lengths."""
+    if end is None:
+        end = len(data)
+    unpack = _SCAN.unpack_from
+    offset = start
+    count = 0
+    while offset < end:
+        if end - offset < HEADER_SIZE:
+            raise CorruptRecord(f"run ends inside a record header at byte {offset}")
+        version, _, total, _ = unpack(data, offset)
+        if version != VERSION or total < HEADER_SIZE or offset + total > end:
+            raise CorruptRecord(f"bad record length or version at byte {offset}")
+        offset += total
+        count += 1
+    return count

@@ -1,0 +1,73 @@
+"""The walsvc error tree: one root, flat, named for the state the WAL is in.
+
+Backends translate their client library's exceptions into these at the backend boundary;
+nothing above a backend ever sees a third-party exception type.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "BackendUnavailable",
+    "CorruptRecord",
+    "InvalidArgument",
+    "InvalidMessage",
+    "MessageTooLarge",
+    "UnknownBackend",
+    "WALClosed",
+    "WALError",
+    "WALFenced",
+    "WALReadOnly",
+    "WALTruncated",
+)
+
+
+class WALError(Exception):
+    """Root of every error walsvc raises on purpose.
+
+    ``retriable`` says whether the same call may succeed if made again unchanged (after the
+    cause goes away); callers and the redo machinery retry only retriable errors.
+    """
+
+    retriable: bool = False
+
+
+class WALClosed(WALError):
+    """The WAL or scanner was closed before or during the call."""
+
+
+class WALFenced(WALError):
+    """A newer writer opened this pchannel read-write; this instance can never write again."""
+
+
+class WALReadOnly(WALError):
+    """The WAL was opened read-only and the call would change the log."""
+
+
+class WALTruncated(WALError):
+    """The requested position lies in a part of the log that was truncated away."""
+
+
+class CorruptRecord(WALError):
+    """Stored or received bytes are not a valid record: checksum, framing, or version."""
+
+
+class MessageTooLarge(WALError):
+    """The encoded message exceeds the WAL's ``max_message_size``; nothing was written."""
+
+
+class InvalidMessage(WALError):
+    """The message is malformed (wrong field types, out-of-range type, oversized vchannel)."""
+
+
+class InvalidArgument(WALError, ValueError):
+    """An argument is malformed: a URL, a pchannel name, an option value."""
+
+
+class BackendUnavailable(WALError):
+    """The backend could not be reached or failed transiently; the call may be retried."""
+
+    retriable = True
+
+
+class UnknownBackend(WALError):
+    """No backend is registered for the URL scheme, or its optional extra is not installed."""

@@ -1,0 +1,83 @@
+"""Message ids: totally ordered positions within one pchannel, marshalled to text.
+
+Every backend defines its own id class (a ``MessageId`` subclass); ids of different
+backends never compare. ``marshal()`` gives ``"<scheme>:<position>"`` and
+``unmarshal_message_id`` turns that text back into the backend's id class, loading the
+backend lazily through the registry.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import msgspec
+
+from ._errors import CorruptRecord
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ("MessageId", "SequenceMessageId", "unmarshal_message_id")
+
+
+class MessageId:
+    """A position in one pchannel's log, totally ordered within that pchannel.
+
+    Subclasses are frozen msgspec Structs with ``order=True`` so that ``<``, ``<=``, ``==``
+    and ``hash`` are exact and cheap. Comparing ids of different backends raises
+    ``TypeError``.
+    """
+
+    __slots__ = ()
+
+    #: The URL scheme of the backend that issues these ids; the prefix of ``marshal()``.
+    scheme: ClassVar[str]
+
+    if TYPE_CHECKING:
+
+        def __lt__(self, other: Self) -> bool: ...
+        def __le__(self, other: Self) -> bool: ...
+        def __gt__(self, other: Self) -> bool: ...
+        def __ge__(self, other: Self) -> bool: ...
+        def __hash__(self) -> int: ...
+
+    def marshal(self) -> str:
+        """Text form ``"<scheme>:<position>"``, round-tripped by ``unmarshal_message_id``."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_position(cls, text: str) -> Self:
+        """Parse the part of ``marshal()`` after the scheme; raise ``CorruptRecord`` if bad."""
+        raise NotImplementedError
+
+
+class SequenceMessageId(msgspec.Struct, MessageId, frozen=True, order=True):
+    """An id that is a dense, zero-based sequence number (local log, memory, Kafka offset)."""
+
+    seq: int
+
+    def marshal(self) -> str:
+        return f"{self.scheme}:{self.seq}"
+
+    @classmethod
+    def from_position(cls, text: str) -> Self:
+        if not text.isdigit():
+            raise CorruptRecord(f"{text!r} is not a {cls.scheme} message position")
+        return cls(int(text))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.seq})"
+
+
+def unmarshal_message_id(text: str) -> MessageId:
+    """Parse the output of ``MessageId.marshal()`` back into the backend's id class.
+
+    Raises ``CorruptRecord`` if the text is not a marshalled id, and ``UnknownBackend`` if
+    no backend is registered for its scheme.
+    """
+    from ._registry import backend_class  # the registry imports backends, which import ids
+
+    scheme, sep, position = text.partition(":")
+    if not sep or not scheme:
+        raise CorruptRecord(f"{text!r} is not a marshalled message id (expected 'scheme:pos')")
+    return backend_class(scheme).message_id_class.from_position(position)

@@ -1,0 +1,179 @@
+"""The message model: what users build (``Message``) and what the log returns
+(``ImmutableMessage``), plus the message types and the result of an append.
+
+The header fields (vchannel, type, timetick, ...) travel apart from the opaque payload, so
+filters, dedup and ordering never look at the payload.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import msgspec
+
+from ._errors import InvalidMessage
+from ._ids import MessageId
+
+__all__ = (
+    "APPLICATION_TYPES",
+    "SYSTEM_TYPES",
+    "AppendResult",
+    "ImmutableMessage",
+    "Message",
+    "MessageType",
+    "TxnContext",
+)
+
+_APPLICATION_FIRST = 10_000
+_APPLICATION_LAST = 65_535
+#: Message type numbers reserved for applications: ``MessageType(n)`` for n in this range
+#: gives a pseudo-member named ``APPLICATION_<n>``; walsvc never assigns them meaning.
+APPLICATION_TYPES = range(_APPLICATION_FIRST, _APPLICATION_LAST + 1)
+
+_MAX_VCHANNEL_BYTES = 65_535
+
+
+class MessageType(enum.IntEnum):
+    """Message types, numbered as in Milvus, plus an application-defined range.
+
+    ``MessageType(n)`` accepts any n in ``APPLICATION_TYPES`` (10000-65535) and returns a
+    pseudo-member for it; other unknown numbers raise ``ValueError``.
+    """
+
+    TIME_TICK = 1
+    INSERT = 2
+    DELETE = 3
+    FLUSH = 4
+    CREATE_COLLECTION = 5
+    DROP_COLLECTION = 6
+    CREATE_PARTITION = 7
+    DROP_PARTITION = 8
+    MANUAL_FLUSH = 9
+    CREATE_SEGMENT = 10
+    IMPORT = 11
+    BEGIN_TXN = 900
+    COMMIT_TXN = 901
+    ROLLBACK_TXN = 902
+    TXN = 999
+
+    @classmethod
+    def _missing_(cls, value: object) -> MessageType | None:
+        if isinstance(value, int) and _APPLICATION_FIRST <= value <= _APPLICATION_LAST:
+            member = int.__new__(cls, value)
+            member._name_ = f"APPLICATION_{value}"
+            member._value_ = value
+            # Cache it so identity holds: MessageType(n) is MessageType(n).
+            return cls._value2member_map_.setdefault(value, member)  # type: ignore[return-value]
+        return None
+
+    @property
+    def is_system(self) -> bool:
+        """True for types the WAL itself writes (timeticks, txn control); type filters
+        never drop these."""
+        return self in SYSTEM_TYPES
+
+    @property
+    def is_exclusive(self) -> bool:
+        """True for DDL-like types that serialize per vchannel and fail its open txns."""
+        return self in _EXCLUSIVE_TYPES
+
+
+#: Types written by the WAL itself; never dropped by a type filter.
+SYSTEM_TYPES = frozenset(
+    {
+        MessageType.TIME_TICK,
+        MessageType.BEGIN_TXN,
+        MessageType.COMMIT_TXN,
+        MessageType.ROLLBACK_TXN,
+        MessageType.TXN,
+    }
+)
+_EXCLUSIVE_TYPES = frozenset(
+    {
+        MessageType.CREATE_COLLECTION,
+        MessageType.DROP_COLLECTION,
+        MessageType.CREATE_PARTITION,
+        MessageType.DROP_PARTITION,
+        MessageType.MANUAL_FLUSH,
+    }
+)
+
+
+class TxnContext(msgspec.Struct, frozen=True, array_like=True):
+    """The transaction a message belongs to: its id and keepalive in milliseconds."""
+
+    txn_id: int
+    keepalive_ms: int
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """A message as a user builds it, before the log assigns its system fields.
+
+    ``payload`` is opaque bytes the WAL never decodes; ``vchannel`` "" means every vchannel
+    (a broadcast); ``properties`` is a string map readers get back unchanged.
+    ``idempotency_key`` makes retried appends of the same message exactly-once.
+    Construction validates field types and raises ``InvalidMessage``.
+    """
+
+    payload: bytes
+    vchannel: str
+    type: MessageType = MessageType.INSERT
+    properties: Mapping[str, str] = msgspec.field(default_factory=dict)
+    idempotency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.payload) is not bytes:
+            raise InvalidMessage(
+                f"payload must be bytes, not {type(self.payload).__name__}"
+                " (convert bytearray/memoryview with bytes(...))"
+            )
+        if type(self.vchannel) is not str:
+            raise InvalidMessage(f"vchannel must be str, not {type(self.vchannel).__name__}")
+        if len(self.vchannel) * 4 > _MAX_VCHANNEL_BYTES and (
+            len(self.vchannel.encode()) > _MAX_VCHANNEL_BYTES
+        ):
+            raise InvalidMessage(f"vchannel is longer than {_MAX_VCHANNEL_BYTES} UTF-8 bytes")
+        if type(self.type) is not MessageType:
+            try:
+                msgspec.structs.force_setattr(self, "type", MessageType(self.type))
+            except (ValueError, TypeError):
+                raise InvalidMessage(
+                    f"type {self.type!r} is neither a walsvc.MessageType nor in the"
+                    f" application range {_APPLICATION_FIRST}-{_APPLICATION_LAST}"
+                ) from None
+        if self.properties:
+            for key, value in self.properties.items():
+                if type(key) is not str or type(value) is not str:
+                    raise InvalidMessage(
+                        f"properties must map str to str; got {key!r}: {value!r}"
+                    )
+        if self.idempotency_key is not None and type(self.idempotency_key) is not str:
+            raise InvalidMessage("idempotency_key must be str or None")
+
+
+class ImmutableMessage(msgspec.Struct, frozen=True):
+    """A message as the log returns it: the user's fields plus the system fields the log
+    assigned (id, timetick, last-confirmed id, transaction, idempotency key, writer term).
+
+    ``last_confirmed_id`` is the id from which a reader sees every message with a greater
+    timetick; ``term`` is the term of the writer that appended it.
+    """
+
+    message_id: MessageId
+    timetick: int
+    vchannel: str
+    type: MessageType
+    payload: bytes
+    properties: Mapping[str, str]
+    last_confirmed_id: MessageId | None
+    txn: TxnContext | None
+    idempotency_key: str | None
+    term: int
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    """Where an appended message landed: its id and the timetick the WAL assigned."""
+
+    message_id: MessageId
+    timetick: int

@@ -1,0 +1,76 @@
+"""``open_wal``: URL -> backend -> WAL."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from ._deliver import DeliverPolicy
+from ._errors import InvalidArgument, UnknownBackend
+from ._filter import Filter
+from ._registry import backend_class
+from ._timetick import HybridClock, TimetickAllocator
+from ._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
+from .backends import Backend
+
+__all__ = ("open_wal",)
+
+_PCHANNEL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+async def open_wal(
+    url: str,
+    pchannel: str,
+    *,
+    read_only: bool = False,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    timetick_allocator: TimetickAllocator | None = None,
+    **options: Any,
+) -> WAL:
+    """Open one pchannel of the log at ``url`` and return the WAL (an async context
+    manager).
+
+    ``url`` picks the backend by scheme: ``memory://NAME``, ``file:///abs/path`` or
+    ``file://relative/path``, ``kafka://host:port``, ``pulsar://host:port``. ``pchannel``
+    is 1-200 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit. Opening
+    read-write fences the previous writer of the pchannel. Backend-specific ``options``
+    are passed to the backend; unknown ones raise ``TypeError``.
+
+    Raises ``UnknownBackend`` for an unknown scheme or a missing extra,
+    ``InvalidArgument`` for a malformed URL, pchannel or option value, and
+    ``BackendUnavailable`` if the backend cannot be reached.
+    """
+    scheme, sep, location = url.partition("://")
+    if not sep or not scheme:
+        raise UnknownBackend(f"{url!r} is not a WAL URL (expected scheme://location)")
+    if not isinstance(pchannel, str) or not _PCHANNEL.fullmatch(pchannel):
+        raise InvalidArgument(
+            f"pchannel {pchannel!r} must be 1-200 characters of [A-Za-z0-9._-],"
+            " starting with a letter or digit"
+        )
+    if not isinstance(max_message_size, int) or max_message_size < 64:
+        raise InvalidArgument(f"max_message_size must be an int >= 64, not {max_message_size!r}")
+    cls = backend_class(scheme)
+    backend = await cls.open(location, pchannel, read_only=read_only, options=options)
+    allocator = timetick_allocator if timetick_allocator is not None else HybridClock()
+    if not read_only:
+        try:
+            await _recover_timetick(backend, allocator)
+        except BaseException:
+            await backend.aclose()
+            raise
+    return WAL(backend, allocator=allocator, max_message_size=max_message_size)
+
+
+async def _recover_timetick(backend: Backend, allocator: TimetickAllocator) -> None:
+    """Seed the allocator with the newest tick in the log: log order equals tick order,
+    so the last message carries it. Ticks then keep increasing across restarts."""
+    last = await backend.latest_message_id()
+    if last is None:
+        return
+    scanner = backend.read(DeliverPolicy.start_from(last), Filter.everything())
+    try:
+        batch = await scanner.next_batch()
+    finally:
+        await scanner.aclose()
+    allocator.observe(batch[-1].timetick)

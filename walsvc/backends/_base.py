@@ -1,0 +1,95 @@
+"""The small interface every backend implements (the shape of Milvus's walimpls).
+
+A backend stores opaque envelopes (see ``walsvc._codec``) for one pchannel; everything
+else (validation, timeticks, interceptors, filters' semantics) lives above it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from .._deliver import DeliverPolicy
+from .._filter import Filter
+from .._ids import MessageId
+from .._message import ImmutableMessage
+
+__all__ = ("Backend", "BackendScanner")
+
+
+class BackendScanner(ABC):
+    """Messages of one pchannel in log order, from a start position, filtered."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    async def next_batch(self) -> Sequence[ImmutableMessage]:
+        """The next one or more messages, waiting until there is at least one.
+
+        Raises ``WALClosed`` once the scanner or its backend is closed, and
+        ``CorruptRecord`` if stored bytes fail their checks.
+        """
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Stop the scanner; a pending ``next_batch`` raises ``WALClosed``. Idempotent."""
+
+
+class Backend(ABC):
+    """One pchannel of one log store, opened read-only or read-write.
+
+    Opening read-write fences every earlier writer of the pchannel: their appends raise
+    ``WALFenced`` from then on. ``term`` is this writer's term, greater than every earlier
+    writer's (0 when read-only).
+    """
+
+    __slots__ = ()
+
+    #: The URL scheme this backend serves, e.g. ``"file"``.
+    scheme: ClassVar[str]
+    #: The id class of the messages this backend stores.
+    message_id_class: ClassVar[type[MessageId]]
+
+    pchannel: str
+    read_only: bool
+    term: int
+
+    @classmethod
+    @abstractmethod
+    async def open(
+        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+    ) -> Backend:
+        """Open ``pchannel`` at ``location`` (the URL after ``scheme://``).
+
+        ``options`` are the backend's own keyword options; unknown ones raise
+        ``TypeError``, bad values ``InvalidArgument``.
+        """
+
+    @abstractmethod
+    def append(self, records: Sequence[bytes]) -> Awaitable[Sequence[MessageId]]:
+        """Queue envelopes for appending and return an awaitable of their ids.
+
+        The call itself is the serialization point: records of successive calls land in
+        the log in call order, and the records of one call land contiguously. The
+        awaitable resolves once the records are durable as the backend promises.
+        Raises (through the awaitable) ``WALFenced``, ``WALClosed`` or
+        ``BackendUnavailable``.
+        """
+
+    @abstractmethod
+    def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
+        """A scanner from ``deliver`` yielding the messages ``selected`` admits."""
+
+    @abstractmethod
+    async def latest_message_id(self) -> MessageId | None:
+        """The id of the newest durable message, or None if the log holds none."""
+
+    @abstractmethod
+    async def truncate(self, message_id: MessageId) -> None:
+        """Drop every message up to and including ``message_id``. Readers asking for a
+        dropped position get ``WALTruncated``."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Finish queued appends, stop scanners and release resources. Idempotent."""

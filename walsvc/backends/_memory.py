@@ -1,0 +1,210 @@
+"""``memory://NAME``: an in-process log for unit tests and benchmarks.
+
+Logs live for the life of the process, keyed by (NAME, pchannel), so a WAL reopened on the
+same URL sees what was appended before. Records are stored encoded, exactly as durable
+backends store them, so tests exercise the same codec and filter paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, final
+
+from .._codec import decode_run
+from .._deliver import DeliverPolicy
+from .._errors import InvalidArgument, WALClosed, WALFenced, WALTruncated
+from .._filter import Filter
+from .._ids import MessageId, SequenceMessageId
+from .._message import ImmutableMessage
+from ._base import Backend, BackendScanner
+
+__all__ = ("MemoryBackend", "MemoryMessageId", "backend_class")
+
+_BATCH = 1024
+
+
+@final
+class MemoryMessageId(SequenceMessageId, frozen=True):
+    """Position in a ``memory://`` log: a dense sequence number from 0."""
+
+    scheme = "memory"
+
+
+class _Log:
+    """One pchannel's records; ``records[i]`` has sequence number ``first_seq + i``."""
+
+    __slots__ = ("first_seq", "records", "term", "waiters")
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.first_seq = 0
+        self.term = 0
+        self.waiters: set[asyncio.Future[None]] = set()
+
+    @property
+    def end_seq(self) -> int:
+        return self.first_seq + len(self.records)
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+_logs: dict[tuple[str, str], _Log] = {}
+
+
+class _Ids:
+    """An awaitable that is ready at once (memory appends are durable when made)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: list[MessageId]) -> None:
+        self.ids = ids
+
+    def __await__(self) -> Generator[Any, None, Sequence[MessageId]]:
+        return self.ids
+        yield  # makes this a generator
+
+
+@final
+class MemoryBackend(Backend):
+    """A pchannel of a ``memory://`` log. Appends are acknowledged at once; a newer
+    read-write open fences older writers through the log's term."""
+
+    __slots__ = ("_closed", "_log", "_scanners", "pchannel", "read_only", "term")
+
+    scheme = "memory"
+    message_id_class = MemoryMessageId
+
+    def __init__(self, log: _Log, pchannel: str, read_only: bool) -> None:
+        self._log = log
+        self.pchannel = pchannel
+        self.read_only = read_only
+        self._closed = False
+        self._scanners: set[_MemoryScanner] = set()
+        if read_only:
+            self.term = 0
+        else:
+            log.term += 1
+            self.term = log.term
+
+    @classmethod
+    async def open(
+        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+    ) -> MemoryBackend:
+        if options:
+            raise TypeError(f"unknown option(s) for memory:// WALs: {', '.join(options)}")
+        log = _logs.get((location, pchannel))
+        if log is None:
+            log = _logs[(location, pchannel)] = _Log()
+        return cls(log, pchannel, read_only)
+
+    def append(self, records: Sequence[bytes]) -> _Ids:
+        if self._closed:
+            raise WALClosed(f"memory WAL {self.pchannel!r} is closed")
+        log = self._log
+        if log.term != self.term:
+            raise WALFenced(
+                f"memory WAL {self.pchannel!r}: term {self.term} was fenced by term {log.term}"
+            )
+        first = log.end_seq
+        log.records.extend(records)
+        log.wake()
+        return _Ids([MemoryMessageId(seq) for seq in range(first, first + len(records))])
+
+    def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
+        if self._closed:
+            raise WALClosed(f"memory WAL {self.pchannel!r} is closed")
+        log = self._log
+        if deliver.kind == "all":
+            start = log.first_seq
+        elif deliver.kind == "latest":
+            start = log.end_seq
+        else:
+            position = _seq_of(deliver.message_id)
+            start = position if deliver.kind == "start_from" else position + 1
+        scanner = _MemoryScanner(self, start, selected)
+        self._scanners.add(scanner)
+        return scanner
+
+    async def latest_message_id(self) -> MessageId | None:
+        end = self._log.end_seq
+        return MemoryMessageId(end - 1) if end else None
+
+    async def truncate(self, message_id: MessageId) -> None:
+        log = self._log
+        seq = _seq_of(message_id)
+        if seq >= log.end_seq:
+            raise InvalidArgument(f"cannot truncate through {message_id!r}: not appended yet")
+        drop = seq + 1 - log.first_seq
+        if drop > 0:
+            del log.records[:drop]
+            log.first_seq += drop
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for scanner in list(self._scanners):
+            await scanner.aclose()
+
+
+@final
+class _MemoryScanner(BackendScanner):
+    __slots__ = ("_backend", "_closed", "_next_seq", "_selected", "_waiter")
+
+    def __init__(self, backend: MemoryBackend, start: int, selected: Filter) -> None:
+        self._backend = backend
+        self._next_seq = start
+        self._selected = selected
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def next_batch(self) -> Sequence[ImmutableMessage]:
+        log = self._backend._log
+        while True:
+            if self._closed:
+                raise WALClosed("scanner is closed")
+            seq = self._next_seq
+            if seq < log.first_seq:
+                raise WALTruncated(
+                    f"memory WAL {self._backend.pchannel!r}: position {seq} was truncated;"
+                    f" the log starts at {log.first_seq}"
+                )
+            end = min(log.end_seq, seq + _BATCH)
+            if seq < end:
+                out: list[ImmutableMessage] = []
+                base = log.first_seq
+                for i in range(seq - base, end - base):
+                    out += decode_run(log.records[i], base + i, MemoryMessageId, self._selected)
+                self._next_seq = end
+                if out:
+                    return out
+                continue
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            log.waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                log.waiters.discard(waiter)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._backend._scanners.discard(self)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _seq_of(message_id: MessageId | None) -> int:
+    if not isinstance(message_id, MemoryMessageId):
+        raise InvalidArgument(f"{message_id!r} is not a memory:// message id")
+    return message_id.seq
+
+
+backend_class = MemoryBackend
