@@ -104,8 +104,11 @@ def encode(
             _vchannel_utf8.clear()
         _vchannel_utf8[vchannel] = cached
     vc_utf8, vc_hash = cached
-    if message.properties or last_confirmed is not None or txn is not None or (
-        message.idempotency_key is not None
+    if (
+        message.properties
+        or last_confirmed is not None
+        or txn is not None
+        or (message.idempotency_key is not None)
     ):
         ext = _ext_encode(
             _Ext(
@@ -262,8 +265,7 @@ def decode_run(
             _unpack_header(data, offset, end)
             raise CorruptRecord(f"bad record at byte {offset}")  # pragma: no cover
         if seq >= limit and (
-            everything
-            or prefilter(type_no, vc_hash, _TIMETICK.unpack_from(data, offset + 16)[0])
+            everything or prefilter(type_no, vc_hash, _TIMETICK.unpack_from(data, offset + 16)[0])
         ):
             message, _ = _decode_at(data, offset, offset + total, make_id(seq))
             if everything or admits(message):

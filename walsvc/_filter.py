@@ -151,4 +151,5 @@ def _intersect(a: frozenset[_T] | None, b: frozenset[_T] | None) -> frozenset[_T
         return a
     return a & b
 
+
 _EVERYTHING: Final = Filter()

@@ -23,8 +23,8 @@ __all__ = ("MessageId", "SequenceMessageId", "unmarshal_message_id")
 class MessageId:
     """A position in one pchannel's log, totally ordered within that pchannel.
 
-    Subclasses are frozen msgspec Structs with ``order=True`` so that ``<``, ``<=``, ``==``
-    and ``hash`` are exact and cheap. Comparing ids of different backends raises
+    Subclasses are frozen msgspec Structs, so ``==`` and ``hash`` are exact and cheap, and
+    define ``<``, ``<=``, ``>``, ``>=``. Ordering ids of different backends raises
     ``TypeError``.
     """
 
@@ -51,10 +51,33 @@ class MessageId:
         raise NotImplementedError
 
 
-class SequenceMessageId(msgspec.Struct, MessageId, frozen=True, order=True):
-    """An id that is a dense, zero-based sequence number (local log, memory, Kafka offset)."""
+class SequenceMessageId(msgspec.Struct, MessageId, frozen=True):
+    """An id that is a dense, zero-based sequence number (local log, memory, Kafka offset).
+
+    Ids compare only with ids of the same class; ``==`` and ``hash`` come from msgspec.
+    """
 
     seq: int
+
+    def __lt__(self, other: Self) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.seq < other.seq
+
+    def __le__(self, other: Self) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.seq <= other.seq
+
+    def __gt__(self, other: Self) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.seq > other.seq
+
+    def __ge__(self, other: Self) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.seq >= other.seq
 
     def marshal(self) -> str:
         return f"{self.scheme}:{self.seq}"

@@ -145,9 +145,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
         if self.properties:
             for key, value in self.properties.items():
                 if type(key) is not str or type(value) is not str:
-                    raise InvalidMessage(
-                        f"properties must map str to str; got {key!r}: {value!r}"
-                    )
+                    raise InvalidMessage(f"properties must map str to str; got {key!r}: {value!r}")
         if self.idempotency_key is not None and type(self.idempotency_key) is not str:
             raise InvalidMessage("idempotency_key must be str or None")
 

@@ -42,11 +42,13 @@ class HybridClock:
     __slots__ = ("_last", "_now_ms")
 
     def __init__(self, now_ms: Callable[[], int] | None = None) -> None:
-        self._now_ms = now_ms or _wall_clock_ms
+        self._now_ms = now_ms
         self._last = 0
 
     def allocate(self) -> int:
-        tick = self._now_ms() << LOGICAL_BITS
+        now_ms = self._now_ms
+        # The default clock is inlined: allocate() runs once per appended message.
+        tick = (now_ms() if now_ms else _time_ns() // 1_000_000) << LOGICAL_BITS
         if tick <= self._last:
             tick = self._last + 1
         self._last = tick
@@ -57,5 +59,4 @@ class HybridClock:
             self._last = timetick
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+_time_ns = time.time_ns

@@ -9,7 +9,7 @@ them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Final, final
 
@@ -27,6 +27,7 @@ __all__ = ("DEFAULT_MAX_MESSAGE_SIZE", "WAL")
 
 #: Default largest encoded message, as in Milvus (5 MiB).
 DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
+_FROM_THE_START: Final = DeliverPolicy.all()
 
 
 @final
@@ -40,7 +41,15 @@ class WAL:
     raises ``WALFenced`` on appends.
     """
 
-    __slots__ = ("_allocator", "_backend", "_closed", "_max_message_size", "_scanners")
+    __slots__ = (
+        "_allocator",
+        "_backend",
+        "_closed",
+        "_max_message_size",
+        "_scanners",
+        "_term",
+        "_writable",
+    )
 
     def __init__(
         self, backend: Backend, *, allocator: TimetickAllocator, max_message_size: int
@@ -49,6 +58,8 @@ class WAL:
         self._allocator = allocator
         self._max_message_size = max_message_size
         self._closed = False
+        self._writable = not backend.read_only
+        self._term = backend.term
         self._scanners: set[Scanner] = set()
 
     @property
@@ -77,6 +88,8 @@ class WAL:
         return self._backend
 
     def _check_writable(self) -> None:
+        if self._writable:
+            return
         if self._closed:
             raise WALClosed(f"WAL {self.pchannel!r} is closed")
         if self._backend.read_only:
@@ -85,14 +98,13 @@ class WAL:
     def _encode(self, message: Message) -> tuple[bytes, int]:
         if not isinstance(message, Message):
             raise TypeError(f"append takes walsvc.Message, not {type(message).__name__}")
-        payload_size = len(message.payload)
-        if payload_size + HEADER_SIZE > self._max_message_size:
+        if len(message.payload) + HEADER_SIZE > self._max_message_size:
             raise MessageTooLarge(
-                f"message payload of {payload_size} bytes exceeds max_message_size"
+                f"message payload of {len(message.payload)} bytes exceeds max_message_size"
                 f" {self._max_message_size}"
             )
         tick = self._allocator.allocate()
-        record = encode(message, timetick=tick, term=self._backend.term)
+        record = encode(message, timetick=tick, term=self._term)
         if len(record) > self._max_message_size:
             raise MessageTooLarge(
                 f"encoded message of {len(record)} bytes exceeds max_message_size"
@@ -104,6 +116,8 @@ class WAL:
         """Append one message; return its id and timetick once it is durable."""
         self._check_writable()
         record, tick = self._encode(message)
+        # Nothing may await between _encode (which allocates the tick) and the backend
+        # call (the serialization point): that keeps log order equal to tick order.
         ids = await self._backend.append((record,))
         return AppendResult(ids[0], tick)
 
@@ -118,7 +132,7 @@ class WAL:
         return [AppendResult(i, tick) for i, (_, tick) in zip(ids, encoded, strict=True)]
 
     def read(
-        self, deliver: DeliverPolicy = DeliverPolicy.all(), filters: Iterable[Filter] = ()
+        self, deliver: DeliverPolicy = _FROM_THE_START, filters: Iterable[Filter] = ()
     ) -> Scanner:
         """A scanner from ``deliver`` over the messages every filter admits."""
         if self._closed:
@@ -148,6 +162,7 @@ class WAL:
         if self._closed:
             return
         self._closed = True
+        self._writable = False
         scanners, self._scanners = self._scanners, set()
         for scanner in scanners:
             await scanner._close_for_wal()

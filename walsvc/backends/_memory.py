@@ -111,8 +111,11 @@ class MemoryBackend(Backend):
                 f"memory WAL {self.pchannel!r}: term {self.term} was fenced by term {log.term}"
             )
         first = log.end_seq
-        log.records.extend(records)
-        log.wake()
+        log.records += records
+        if log.waiters:
+            log.wake()
+        if len(records) == 1:
+            return _Ids([MemoryMessageId(first)])
         return _Ids([MemoryMessageId(seq) for seq in range(first, first + len(records))])
 
     def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:

@@ -1,0 +1,53 @@
+# Developer and CI entry points. GNU make; every recipe line that fails fails the target.
+
+PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.DEFAULT_GOAL := test
+.PHONY: run test lint typecheck pytest bench bench-quick clean
+
+# A bare venv with a pip new enough for PEP 735 dependency groups (`--group`, pip >= 25.1).
+$(VENV)/.venv-stamp:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade 'pip>=25.1'
+	touch $@
+
+# The package with what `walsvc demo` uses.
+$(VENV)/.run-stamp: pyproject.toml $(VENV)/.venv-stamp
+	$(PY) -m pip install -q -e '.[uvloop,progress]'
+	touch $@
+
+# The package with every extra, plus the dev group (test, lint, type-check, asv, brokers).
+$(VENV)/.test-stamp: pyproject.toml $(VENV)/.venv-stamp
+	$(PY) -m pip install -q -e '.[all]' --group dev
+	touch $@
+
+run: $(VENV)/.run-stamp
+	$(VENV)/bin/walsvc demo
+
+test: lint typecheck pytest
+
+lint: $(VENV)/.test-stamp
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check walsvc interceptors scanners tests benchmarks
+
+typecheck: $(VENV)/.test-stamp
+	$(VENV)/bin/mypy
+
+pytest: $(VENV)/.test-stamp
+	$(VENV)/bin/pytest
+
+# Saves results for the current commit under .asv/results (see performance.md).
+bench: $(VENV)/.test-stamp
+	$(VENV)/bin/asv machine --yes
+	$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) --record-samples
+
+# Smoke run: every benchmark once, numbers meaningless.
+bench-quick: $(VENV)/.test-stamp
+	$(VENV)/bin/asv machine --yes
+	$(VENV)/bin/asv run --python=same --quick --show-stderr
+
+clean:
+	rm -rf $(VENV) .asv build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

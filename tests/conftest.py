@@ -1,0 +1,123 @@
+"""Root test configuration: the event-loop matrix, no silent skips, seeded randomness.
+
+- Every async test runs twice, on the stock asyncio loop and on uvloop.
+- A skipped test fails the session: a test that cannot run (a broker that won't start, a
+  missing extra) must say so loudly. Known deviations are strict ``xfail``s, not skips.
+- Randomness comes from the ``seed`` fixture, which prints how to reproduce a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Callable, Generator, Mapping
+
+import pytest
+import uvloop  # Required in the test environment: without it the loop matrix is a lie.
+from hypothesis import settings
+
+pytest_plugins = ("pytester",)
+
+SEED_ENV = "WALSVC_TEST_SEED"
+
+settings.register_profile("ci", derandomize=False, print_blob=True, deadline=None, max_examples=100)
+settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=20)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------------------------------
+# Event loops
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Parametrize every async test (and its async fixtures) over both event loops."""
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+# ---------------------------------------------------------------------------------------
+# No silent skips
+
+
+class _SkipGuard:
+    """Collects skips (at collection and at run time) and fails the session if any."""
+
+    def __init__(self) -> None:
+        self.skipped: list[tuple[str, str]] = []
+
+    def _record(self, report: pytest.CollectReport | pytest.TestReport) -> None:
+        # A strict xfail that fails as expected is reported as skipped with ``wasxfail``:
+        # that is the expected outcome, not a skip.
+        if report.skipped and not hasattr(report, "wasxfail"):
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.skipped.append((report.nodeid, reason))
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        # Module-level ``pytest.skip(allow_module_level=True)`` / ``importorskip``.
+        self._record(report)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._record(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # Without skips, exit code 5 (no tests collected) is left as it is: also a failure.
+        if not self.skipped:
+            return
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "skipped tests fail this run (walsvc: no silent skips)")
+            for nodeid, reason in self.skipped:
+                reporter.write_line(f"SKIPPED {nodeid}: {reason}")
+        # Worse outcomes (interrupted, internal or usage error) keep their own code.
+        if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_SkipGuard(), "walsvc-skip-guard")
+
+
+# ---------------------------------------------------------------------------------------
+# Seeded randomness
+
+_SEED = pytest.StashKey[int]()
+REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+"""Per-item stash key: the item's reports by phase ("setup", "call", "teardown")."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    item.stash.setdefault(REPORTS, {})[report.when] = report
+    seed = item.stash.get(_SEED, None)
+    if seed is not None and report.failed:
+        report.sections.append(
+            ("walsvc test seed", f"reproduce with: {SEED_ENV}={seed} pytest '{item.nodeid}'")
+        )
+    return report
+
+
+@pytest.fixture
+def seed_value(request: pytest.FixtureRequest) -> int:
+    """The test's random seed: ``$WALSVC_TEST_SEED`` if set, else fresh from the OS."""
+    raw = os.environ.get(SEED_ENV)
+    if raw is None:
+        value = random.SystemRandom().randrange(2**32)
+    else:
+        try:
+            value = int(raw)
+        except ValueError:
+            pytest.fail(f"{SEED_ENV} must be an integer, got {raw!r}", pytrace=False)
+    request.node.stash[_SEED] = value
+    return value
+
+
+@pytest.fixture
+def seed(seed_value: int) -> random.Random:
+    """A ``random.Random`` seeded with ``seed_value``; a failing test prints the seed."""
+    return random.Random(seed_value)

@@ -1,0 +1,203 @@
+"""``file://PATH``: the durable local log, walsvc's embedded default.
+
+``PATH`` is a directory (absolute with ``file:///abs``, relative with ``file://rel``);
+each pchannel is a subdirectory. Options:
+
+- ``sync``: ``"always"`` (default) acknowledges an append only after ``fdatasync``, so an
+  acknowledged append survives a crash of the process or the machine. ``"none"``
+  acknowledges after ``write``: it survives a process crash but NOT a machine crash or
+  power loss, and such a crash can leave a tail that needs manual repair.
+- ``segment_size``: bytes after which a new segment file starts (default 64 MiB);
+  truncation deletes whole segments.
+- ``poll_interval``: seconds between checks for appends made by another process
+  (default 0.05); appends made in this process wake scanners at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, final
+
+from ..._deliver import DeliverPolicy
+from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
+from ..._filter import Filter
+from ..._ids import MessageId
+from .._base import Backend, BackendScanner
+from ._directory import LogDirectory, fsync_directory
+from ._head import HeadFile, HeadState
+from ._ids import FileMessageId
+from ._recovery import recover_tail
+from ._scanner import FileScanner
+from ._writer import GroupCommitWriter
+
+__all__ = ("FileBackend",)
+
+_DEFAULT_SEGMENT_SIZE: Final = 64 * 1024 * 1024
+_LOCK_RETRY_SECONDS: Final = 0.002
+
+
+@final
+class FileBackend(Backend):
+    """One pchannel directory of the local log."""
+
+    __slots__ = (
+        "_closed",
+        "_scanners",
+        "_writer",
+        "directory",
+        "pchannel",
+        "poll_interval",
+        "read_only",
+        "term",
+    )
+
+    scheme = "file"
+    message_id_class = FileMessageId
+
+    def __init__(
+        self,
+        directory: LogDirectory,
+        pchannel: str,
+        writer: GroupCommitWriter | None,
+        term: int,
+        poll_interval: float,
+    ) -> None:
+        self.directory = directory
+        self.pchannel = pchannel
+        self.read_only = writer is None
+        self.term = term
+        self.poll_interval = poll_interval
+        self._writer = writer
+        self._closed = False
+        self._scanners: set[FileScanner] = set()
+
+    @classmethod
+    async def open(
+        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+    ) -> FileBackend:
+        sync, segment_size, poll_interval = _parse_options(options)
+        directory = _open_directory(location, pchannel, read_only=read_only)
+        if read_only:
+            return cls(directory, pchannel, None, 0, poll_interval)
+        head = directory.head
+        try:
+            writer = await _take_over(directory, sync=sync, segment_size=segment_size)
+        except BaseException:
+            head.close()
+            raise
+        return cls(directory, pchannel, writer, writer_term(directory), poll_interval)
+
+    def append(self, records: Sequence[bytes]) -> asyncio.Future[list[FileMessageId]]:
+        if self._writer is None:
+            raise WALReadOnly(f"file WAL {self.directory.path} was opened read-only")
+        return self._writer.submit(records)
+
+    def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
+        if self._closed:
+            raise WALClosed(f"file WAL {self.directory.path} is closed")
+        if deliver.kind == "all":
+            start = 0  # raised to the first retained record when the scanner starts
+        elif deliver.kind == "latest":
+            start = self.directory.head.read().durable_end
+        else:
+            seq = _seq_of(deliver.message_id)
+            start = seq if deliver.kind == "start_from" else seq + 1
+        scanner = FileScanner(self, start, selected)
+        if deliver.kind == "all":
+            scanner._deliver_from = self.directory.head.read().first_seq
+        self._scanners.add(scanner)
+        return scanner
+
+    def forget_scanner(self, scanner: FileScanner) -> None:
+        self._scanners.discard(scanner)
+
+    async def latest_message_id(self) -> MessageId | None:
+        end = self.directory.head.read().durable_end
+        return FileMessageId(end - 1) if end else None
+
+    async def truncate(self, message_id: MessageId) -> None:
+        if self._writer is None:
+            raise WALReadOnly(f"file WAL {self.directory.path} was opened read-only")
+        await self._writer.truncate(_seq_of(message_id))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for scanner in list(self._scanners):
+            await scanner.aclose()
+        if self._writer is not None:
+            await self._writer.aclose()
+        self.directory.head.close()
+
+
+def _open_directory(location: str, pchannel: str, *, read_only: bool) -> LogDirectory:
+    """The pchannel's directory with its head file open (created for a writer)."""
+    if not location:
+        raise InvalidArgument("file:// URL needs a path: file:///abs/dir or file://rel/dir")
+    path = os.path.abspath(os.path.join(os.path.expanduser(location), pchannel))
+    head_path = os.path.join(path, "head")
+    try:
+        if read_only:
+            if not os.path.exists(head_path):
+                raise InvalidArgument(f"no file WAL for pchannel {pchannel!r} at {path}")
+        else:
+            os.makedirs(path, exist_ok=True)
+        return LogDirectory(path, HeadFile(head_path, create=not read_only))
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot open file WAL at {path}: {exc}") from exc
+
+
+def writer_term(directory: LogDirectory) -> int:
+    return directory.head.read().term
+
+
+async def _take_over(
+    directory: LogDirectory, *, sync: bool, segment_size: int
+) -> GroupCommitWriter:
+    """Become the pchannel's writer: under the lock, bump the term (fencing every older
+    writer), recover the tail, and publish the durable end."""
+    head = directory.head
+    # flock offers no awaitable wait; polling the non-blocking form keeps this cancellable.
+    while not head.try_lock():  # noqa: ASYNC110
+        await asyncio.sleep(_LOCK_RETRY_SECONDS)
+    try:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, _recover_locked, directory, sync, segment_size)
+    finally:
+        head.unlock()
+
+
+def _recover_locked(directory: LogDirectory, sync: bool, segment_size: int) -> GroupCommitWriter:
+    head = directory.head
+    state = head.read()
+    term = state.term + 1
+    head.write(state._replace(term=term), sync=True)
+    fsync_directory(directory.path)
+    tail = recover_tail(directory, state.first_seq)
+    head.write(HeadState(term, tail.next_seq, state.first_seq), sync=True)
+    return GroupCommitWriter(directory, term, tail, sync=sync, segment_size=segment_size)
+
+
+def _parse_options(options: Mapping[str, Any]) -> tuple[bool, int, float]:
+    unknown = set(options) - {"sync", "segment_size", "poll_interval"}
+    if unknown:
+        raise TypeError(f"unknown option(s) for file:// WALs: {', '.join(sorted(unknown))}")
+    sync = options.get("sync", "always")
+    if sync not in ("always", "none"):
+        raise InvalidArgument(f"sync must be 'always' or 'none', not {sync!r}")
+    segment_size = options.get("segment_size", _DEFAULT_SEGMENT_SIZE)
+    if not isinstance(segment_size, int) or segment_size < 4096:
+        raise InvalidArgument(f"segment_size must be an int >= 4096, not {segment_size!r}")
+    poll_interval = options.get("poll_interval", 0.05)
+    if not isinstance(poll_interval, int | float) or not 0 < poll_interval <= 60:
+        raise InvalidArgument(f"poll_interval must be seconds in (0, 60], not {poll_interval!r}")
+    return sync == "always", segment_size, float(poll_interval)
+
+
+def _seq_of(message_id: MessageId | None) -> int:
+    if not isinstance(message_id, FileMessageId):
+        raise InvalidArgument(f"{message_id!r} is not a file:// message id")
+    return message_id.seq

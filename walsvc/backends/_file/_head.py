@@ -1,0 +1,87 @@
+"""The ``head`` file of a pchannel directory: the current writer term, the end of the
+durable records, and the first record not truncated away. It is also the writers' lock:
+a writer holds ``flock(LOCK_EX)`` on it while it recovers and while it writes a batch.
+
+Fencing follows from that: a read-write open bumps the term under the lock; a writer
+re-reads the term under the lock before every batch and stops for good if it changed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+from typing import Final, NamedTuple
+
+from crc32c import crc32c
+
+from ..._errors import CorruptRecord
+
+__all__ = ("HeadFile", "HeadState")
+
+_MAGIC: Final = b"WALH"
+_VERSION: Final = 1
+_LAYOUT = struct.Struct("<4sHHQQQ")  # magic, version, reserved, term, durable end, first seq
+_SIZE: Final = _LAYOUT.size + 4  # plus CRC32C
+
+
+class HeadState(NamedTuple):
+    """What the head file says."""
+
+    term: int
+    #: Records with a smaller sequence number are durable and complete.
+    durable_end: int
+    #: Records with a smaller sequence number were truncated away.
+    first_seq: int
+
+
+class HeadFile:
+    """Read, write and lock a pchannel's head file."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, path: str, *, create: bool) -> None:
+        self.path = path
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self.fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+
+    def read(self) -> HeadState:
+        """The current state; a missing or empty file reads as term 0 with no records."""
+        data = os.pread(self.fd, _SIZE, 0)
+        if not data:
+            return HeadState(0, 0, 0)
+        if len(data) != _SIZE:
+            raise CorruptRecord(f"{self.path}: head file is {len(data)} bytes, not {_SIZE}")
+        magic, version, _, term, durable_end, first_seq = _LAYOUT.unpack_from(data)
+        if magic != _MAGIC or int.from_bytes(data[-4:], "little") != crc32c(data[:-4]):
+            raise CorruptRecord(f"{self.path}: head file fails its checks")
+        if version != _VERSION:
+            raise CorruptRecord(f"{self.path}: unknown head file version {version}")
+        return HeadState(term, durable_end, first_seq)
+
+    def write(self, state: HeadState, *, sync: bool) -> None:
+        """Overwrite the state (one 40-byte write at offset 0); ``sync`` makes it durable."""
+        body = _LAYOUT.pack(_MAGIC, _VERSION, 0, *state)
+        data = body + crc32c(body).to_bytes(4, "little")
+        if os.pwrite(self.fd, data, 0) != len(data):
+            raise OSError(f"{self.path}: short write of the head file")
+        if sync:
+            os.fsync(self.fd)
+
+    def try_lock(self) -> bool:
+        """Take the writers' lock if it is free; never blocks."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def lock(self) -> None:
+        """Take the writers' lock, waiting for it (call from a worker thread)."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def unlock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self.fd)

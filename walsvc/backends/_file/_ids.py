@@ -1,0 +1,16 @@
+"""Ids of the local log."""
+
+from __future__ import annotations
+
+from typing import final
+
+from ..._ids import SequenceMessageId
+
+__all__ = ("FileMessageId",)
+
+
+@final
+class FileMessageId(SequenceMessageId, frozen=True):
+    """Position in a ``file://`` log: a dense sequence number from 0."""
+
+    scheme = "file"

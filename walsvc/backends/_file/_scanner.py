@@ -1,0 +1,185 @@
+"""Scanners of the local log: walk segments frame by frame from a start position, deliver
+only records below the head file's durable end, and wait for appends at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..._codec import decode_run
+from ..._errors import CorruptRecord, WALClosed, WALTruncated
+from ..._filter import Filter
+from ..._message import ImmutableMessage
+from .._base import BackendScanner
+from ._frames import read_frames
+from ._ids import FileMessageId
+
+if TYPE_CHECKING:
+    from ._backend import FileBackend
+
+__all__ = ("FileScanner",)
+
+
+class FileScanner(BackendScanner):
+    """Messages of one file log from a start sequence number, in log order."""
+
+    __slots__ = (
+        "_backend",
+        "_busy",
+        "_closed",
+        "_deliver_from",
+        "_fd",
+        "_offset",
+        "_offset_seq",
+        "_segment",
+        "_selected",
+        "_waiter",
+    )
+
+    def __init__(self, backend: FileBackend, deliver_from: int, selected: Filter) -> None:
+        self._backend = backend
+        self._deliver_from = deliver_from
+        self._selected = selected
+        self._closed = False
+        self._busy = False  # a block read is running in a worker thread
+        self._fd: int | None = None
+        self._segment = 0
+        self._offset = 0
+        self._offset_seq = 0  # sequence number of the record at _offset
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def next_batch(self) -> Sequence[ImmutableMessage]:
+        directory = self._backend.directory
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed:
+                raise WALClosed("scanner is closed")
+            state = directory.head.read()
+            if self._fd is None:
+                self._position(state.first_seq)
+            if self._offset_seq >= state.durable_end or (self._deliver_from >= state.durable_end):
+                await self._wait()
+                continue
+            assert self._fd is not None
+            self._busy = True
+            try:
+                block = await loop.run_in_executor(None, read_frames, self._fd, self._offset)
+            finally:
+                self._busy = False
+                if self._closed:
+                    self._close_fd()
+            if self._closed:
+                raise WALClosed("scanner is closed")
+            out: list[ImmutableMessage] = []
+            for header, body in block.frames:
+                if header.first_seq >= state.durable_end:
+                    break  # written but not yet durable
+                if header.first_seq != self._offset_seq:
+                    raise CorruptRecord(
+                        f"{directory.segment_path(self._segment)}: frame at offset"
+                        f" {header.offset} starts at record {header.first_seq},"
+                        f" expected {self._offset_seq}"
+                    )
+                if header.end_seq > self._deliver_from:
+                    out += decode_run(
+                        body,
+                        header.first_seq,
+                        FileMessageId,
+                        self._selected,
+                        skip=max(0, self._deliver_from - header.first_seq),
+                    )
+                    self._deliver_from = header.end_seq
+                directory.index.note(self._segment, header.first_seq, header.offset)
+                self._offset = header.end
+                self._offset_seq = header.end_seq
+            else:
+                self._after_block(block.stop, block.error, state.durable_end)
+            if out:
+                return out
+            await asyncio.sleep(0)  # a long run of rejected records must not hog the loop
+
+    def _after_block(self, stop: str, error: CorruptRecord | None, durable_end: int) -> None:
+        """Act on why a block ended when all its frames were consumed."""
+        if stop == "block" or self._offset_seq >= durable_end:
+            return
+        path = self._backend.directory.segment_path(self._segment)
+        if stop == "eof":
+            self._next_segment()
+        elif stop == "bad":
+            raise CorruptRecord(f"{path}: {error}")
+        else:  # partial, below the durable end
+            raise CorruptRecord(f"{path}: record {self._offset_seq} is durable but incomplete")
+
+    def _position(self, first_retained: int) -> None:
+        """Open the segment holding ``_deliver_from`` at the nearest indexed frame."""
+        directory = self._backend.directory
+        target = self._deliver_from
+        if target < first_retained:
+            raise WALTruncated(
+                f"file WAL {directory.path}: record {target} was truncated; the log now"
+                f" starts at {first_retained}"
+            )
+        segments = directory.segments()
+        i = bisect.bisect_right(segments, target) - 1
+        if i < 0:
+            raise WALTruncated(f"file WAL {directory.path}: record {target} is not retained")
+        segment = segments[i]
+        self._open_segment(segment)
+        self._offset_seq, self._offset = directory.index.floor(segment, target)
+
+    def _next_segment(self) -> None:
+        """The current segment is exhausted and the log goes on: open the next one."""
+        try:
+            self._open_segment(self._offset_seq)
+        except FileNotFoundError:
+            raise WALTruncated(
+                f"file WAL {self._backend.directory.path}: the segment starting at record"
+                f" {self._offset_seq} is gone (truncated while this scanner was behind)"
+            ) from None
+        self._offset = 0
+
+    def _open_segment(self, segment: int) -> None:
+        path = self._backend.directory.segment_path(segment)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._segment = fd, segment
+
+    async def _wait(self) -> None:
+        """Wait for an append in this process, or poll for one from another process."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiter = waiter
+        signal = self._backend.directory.signal
+        signal.add(waiter)
+        timer = loop.call_later(self._backend.poll_interval, _set, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            signal.discard(waiter)
+            self._waiter = None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._backend.forget_scanner(self)
+        waiter = self._waiter
+        if waiter is not None:
+            _set(waiter)
+        if not self._busy:  # else the reading task closes it when the read returns
+            self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _set(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

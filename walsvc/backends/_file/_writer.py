@@ -1,0 +1,213 @@
+"""Group commit: every append queued while a batch is being made durable goes into the
+next batch, written with one ``write`` and one ``fdatasync`` in a worker thread. There is
+one thread hop per batch, never one per record.
+
+Under the writers' lock, before each batch, the writer re-reads the head file's term: if
+a newer writer opened the pchannel, nothing more is written and every append raises
+``WALFenced`` from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALError, WALFenced
+from ._directory import LogDirectory, fsync_directory
+from ._format import encode_frames
+from ._head import HeadState
+from ._ids import FileMessageId
+from ._recovery import Tail
+
+__all__ = ("GroupCommitWriter",)
+
+
+class GroupCommitWriter:
+    """The single writer of one pchannel directory (for one term)."""
+
+    __slots__ = (
+        "_calls",
+        "_closed",
+        "_directory",
+        "_executor",
+        "_failure",
+        "_fd",
+        "_flusher",
+        "_loop",
+        "_next_seq",
+        "_offset",
+        "_records",
+        "_segment",
+        "_segment_size",
+        "_sync",
+        "_term",
+    )
+
+    def __init__(
+        self, directory: LogDirectory, term: int, tail: Tail, *, sync: bool, segment_size: int
+    ) -> None:
+        self._directory = directory
+        self._term = term
+        self._segment = tail.segment
+        self._fd = tail.fd
+        self._offset = tail.offset
+        self._next_seq = tail.next_seq
+        self._sync = sync
+        self._segment_size = segment_size
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="walsvc-file-writer")
+        self._records: list[bytes] = []
+        self._calls: list[tuple[asyncio.Future[list[FileMessageId]], int]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first append
+        self._failure: WALError | None = None
+        self._closed = False
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next appended record will get."""
+        return self._next_seq
+
+    def submit(self, records: Sequence[bytes]) -> asyncio.Future[list[FileMessageId]]:
+        """Queue records; the future resolves with their ids once they are durable."""
+        if self._failure is not None:
+            raise type(self._failure)(str(self._failure))
+        if self._closed:
+            raise WALClosed(f"file WAL {self._directory.path} is closed")
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[FileMessageId]] = loop.create_future()
+        self._records += records
+        self._calls.append((future, len(records)))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush_all())
+        return future
+
+    async def _flush_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._records:
+                records, calls = self._records, self._calls
+                self._records, self._calls = [], []
+                first = self._next_seq
+                if self._failure is not None:
+                    _fail(calls, self._failure)
+                    continue
+                data = encode_frames(first, records)
+                offset_before, segment_before = self._offset, self._segment
+                try:
+                    await loop.run_in_executor(
+                        self._executor, self._write, data, first, len(records)
+                    )
+                except WALFenced as exc:
+                    self._failure = exc
+                    _fail(calls, exc)
+                    continue
+                except OSError as exc:
+                    self._failure = BackendUnavailable(
+                        f"writing {self._directory.path} failed ({exc}); appends in that batch"
+                        " may or may not be durable; reopen the WAL to recover"
+                    )
+                    _fail(calls, self._failure)
+                    continue
+                if self._segment == segment_before:
+                    self._directory.index.note(self._segment, first, offset_before)
+                else:
+                    self._directory.index.note(self._segment, first, 0)
+                self._next_seq = first + len(records)
+                seq = first
+                for future, count in calls:
+                    if not future.done():  # the caller may have been cancelled
+                        future.set_result(
+                            [FileMessageId(seq)]
+                            if count == 1
+                            else [FileMessageId(s) for s in range(seq, seq + count)]
+                        )
+                    seq += count
+                self._directory.signal.wake()
+        finally:
+            self._flusher = None
+
+    def _write(self, data: bytes, first: int, count: int) -> None:
+        """Worker thread: append one batch under the writers' lock."""
+        head = self._directory.head
+        head.lock()
+        try:
+            state = head.read()
+            if state.term != self._term:
+                raise WALFenced(
+                    f"file WAL {self._directory.path}: term {self._term} was fenced by a"
+                    f" writer with term {state.term}"
+                )
+            if self._offset >= self._segment_size:
+                self._roll(first)
+            view = memoryview(data)
+            offset = self._offset
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view = view[written:]
+                offset += written
+            if self._sync:
+                os.fdatasync(self._fd)
+            self._offset = offset
+            head.write(HeadState(self._term, first + count, state.first_seq), sync=False)
+        finally:
+            head.unlock()
+
+    def _roll(self, first: int) -> None:
+        """Worker thread, under the lock: start a new segment at record ``first``."""
+        path = self._directory.segment_path(first)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fsync_directory(self._directory.path)
+        if not self._sync:
+            os.fdatasync(self._fd)
+        os.close(self._fd)
+        self._fd, self._segment, self._offset = fd, first, 0
+
+    async def truncate(self, seq: int) -> None:
+        """Drop records up to and including ``seq``: record the new start durably, then
+        delete every segment that holds nothing newer (never the newest segment)."""
+        if self._failure is not None:
+            raise type(self._failure)(str(self._failure))
+        if seq >= self._next_seq:
+            raise InvalidArgument(f"cannot truncate through record {seq}: not appended yet")
+        loop = asyncio.get_running_loop()
+        for segment in await loop.run_in_executor(self._executor, self._truncate, seq):
+            self._directory.index.forget(segment)
+
+    def _truncate(self, seq: int) -> list[int]:
+        head = self._directory.head
+        head.lock()
+        try:
+            state = head.read()
+            if state.term != self._term:
+                raise WALFenced(f"file WAL {self._directory.path}: fenced by term {state.term}")
+            if seq < state.first_seq:
+                return []
+            head.write(state._replace(first_seq=seq + 1), sync=True)
+            segments = self._directory.segments()
+            doomed = [s for s, after in itertools.pairwise(segments) if after <= seq + 1]
+            for segment in doomed:
+                os.unlink(self._directory.segment_path(segment))
+            if doomed:
+                fsync_directory(self._directory.path)
+            return doomed
+        finally:
+            head.unlock()
+
+    async def aclose(self) -> None:
+        """Finish every queued append, then release the segment and the thread."""
+        self._closed = True
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+        self._executor.shutdown(wait=True)
+        os.close(self._fd)
+
+
+def _fail(calls: list[tuple[asyncio.Future[list[FileMessageId]], int]], error: WALError) -> None:
+    for future, _ in calls:
+        if not future.done():
+            future.set_exception(type(error)(str(error)))
