@@ -29,7 +29,7 @@ from typing import Final, final
 
 import msgspec
 
-from ._errors import CorruptRecord, MessageTooLarge
+from ._errors import CorruptRecord, MessageTooLarge, WALError
 from ._filter import Filter, vchannel_hash
 from ._ids import MessageId, unmarshal_message_id
 from ._message import ImmutableMessage, Message, MessageType, TxnContext
@@ -42,7 +42,9 @@ __all__ = (
     "decode",
     "decode_run",
     "encode",
+    "last_timetick_of_run",
     "peek",
+    "timetick_of",
 )
 
 VERSION: Final = 1
@@ -68,7 +70,7 @@ _NO_PROPERTIES: Mapping[str, str] = types.MappingProxyType({})
 # Small caches for the few vchannel names a process sees; bounded against hostile input.
 _CACHE_LIMIT = 4096
 _vchannel_utf8: dict[str, tuple[bytes, int]] = {}
-_vchannel_str: dict[bytes, str] = {}
+_vchannel_str: dict[bytes, tuple[str, int]] = {}
 _types: dict[int, MessageType] = {t.value: t for t in MessageType}
 
 
@@ -153,17 +155,18 @@ def _unpack_header(
             f" {end - offset} bytes available"
         )
     vc_bytes = bytes(data[offset + HEADER_SIZE : ext_start])
-    vchannel = _vchannel_str.get(vc_bytes)
-    if vchannel is None:
-        if vchannel_hash(vc_bytes) != vc_hash:
-            raise CorruptRecord("vchannel hash does not match the vchannel name")
+    cached = _vchannel_str.get(vc_bytes)
+    if cached is None:
         try:
-            vchannel = vc_bytes.decode()
+            cached = (vc_bytes.decode(), vchannel_hash(vc_bytes))
         except UnicodeDecodeError:
             raise CorruptRecord("vchannel name is not valid UTF-8") from None
         if len(_vchannel_str) >= _CACHE_LIMIT:
             _vchannel_str.clear()
-        _vchannel_str[vc_bytes] = vchannel
+        _vchannel_str[vc_bytes] = cached
+    vchannel, expected_hash = cached
+    if expected_hash != vc_hash:
+        raise CorruptRecord("vchannel hash does not match the vchannel name")
     type_ = _types.get(type_no)
     if type_ is None:
         try:
@@ -199,13 +202,21 @@ def _decode_at(
     if payload_start != ext_start:
         try:
             ext = _ext_decode(data[ext_start:payload_start])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            # ValueError includes UnicodeDecodeError from a damaged string.
             raise CorruptRecord(f"envelope ext section does not decode: {exc}") from None
         properties = ext.properties
         txn = ext.txn
         key = ext.idempotency_key
         if ext.last_confirmed is not None:
-            last_confirmed = unmarshal_message_id(ext.last_confirmed)
+            try:
+                last_confirmed = unmarshal_message_id(ext.last_confirmed)
+            except WALError as exc:
+                raise CorruptRecord(f"envelope last-confirmed id is not valid: {exc}") from None
+            if type(last_confirmed) is not type(message_id):
+                raise CorruptRecord(
+                    f"last-confirmed id {ext.last_confirmed!r} is not an id of this log"
+                )
     message = ImmutableMessage(
         message_id,
         timetick,
@@ -273,6 +284,29 @@ def decode_run(
         offset += total
         seq += 1
     return out
+
+
+def timetick_of(record: bytes | memoryview) -> int:
+    """The timetick in an envelope's header (the caller vouches it is an envelope)."""
+    tick: int = _TIMETICK.unpack_from(record, 16)[0]
+    return tick
+
+
+def last_timetick_of_run(data: bytes | memoryview) -> int:
+    """The timetick of the last envelope in a run laid end to end (0 for an empty run)."""
+    unpack = _SCAN.unpack_from
+    offset = 0
+    last = -1
+    end = len(data)
+    while offset < end:
+        if end - offset < HEADER_SIZE:
+            raise CorruptRecord(f"run ends inside a record header at byte {offset}")
+        version, _, total, _ = unpack(data, offset)
+        if version != VERSION or total < HEADER_SIZE or offset + total > end:
+            raise CorruptRecord(f"bad record length or version at byte {offset}")
+        last = offset
+        offset += total
+    return 0 if last < 0 else timetick_of(data[last : last + HEADER_SIZE])
 
 
 def count_run(data: bytes | memoryview, start: int = 0, end: int | None = None) -> int:

@@ -47,8 +47,20 @@ class Filter:
         types: Iterable[int] | None = None,
         min_timetick: int = 0,
     ) -> None:
+        if isinstance(vchannels, (str, bytes)) or isinstance(types, (str, bytes)):
+            raise TypeError(
+                "vchannels and types take a collection (e.g. vchannels=['v1']), not a string"
+            )
         self.vchannels: Final = frozenset(vchannels) if vchannels is not None else None
+        if self.vchannels is not None and not all(type(v) is str for v in self.vchannels):
+            raise TypeError(f"vchannel names must be str: {sorted(map(repr, self.vchannels))}")
+        if types is not None:
+            types = tuple(types)  # may be a one-shot iterator; it is walked twice below
+        if types is not None and not all(isinstance(t, int) for t in types):
+            raise TypeError(f"message types must be ints (walsvc.MessageType): {types!r}")
         self.types: Final = frozenset(int(t) for t in types) if types is not None else None
+        if type(min_timetick) is not int:
+            raise TypeError(f"min_timetick must be an int, not {type(min_timetick).__name__}")
         self.min_timetick: Final = min_timetick
         self._vchannel_set = None if self.vchannels is None else self.vchannels | {""}
         self._vchannels_utf8 = (

@@ -84,7 +84,7 @@ class SequenceMessageId(msgspec.Struct, MessageId, frozen=True):
 
     @classmethod
     def from_position(cls, text: str) -> Self:
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # isdigit alone admits "²" and "٣"
             raise CorruptRecord(f"{text!r} is not a {cls.scheme} message position")
         return cls(int(text))
 

@@ -130,11 +130,18 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
             )
         if type(self.vchannel) is not str:
             raise InvalidMessage(f"vchannel must be str, not {type(self.vchannel).__name__}")
+        if not _is_utf8(self.vchannel):
+            raise InvalidMessage(f"vchannel {self.vchannel!r} is not valid UTF-8 text")
         if len(self.vchannel) * 4 > _MAX_VCHANNEL_BYTES and (
             len(self.vchannel.encode()) > _MAX_VCHANNEL_BYTES
         ):
             raise InvalidMessage(f"vchannel is longer than {_MAX_VCHANNEL_BYTES} UTF-8 bytes")
         if type(self.type) is not MessageType:
+            if type(self.type) is not int:  # not bool, float or str either
+                raise InvalidMessage(
+                    f"type {self.type!r} is neither a walsvc.MessageType nor in the"
+                    f" application range {_APPLICATION_FIRST}-{_APPLICATION_LAST}"
+                )
             try:
                 msgspec.structs.force_setattr(self, "type", MessageType(self.type))
             except (ValueError, TypeError):
@@ -142,12 +149,33 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
                     f"type {self.type!r} is neither a walsvc.MessageType nor in the"
                     f" application range {_APPLICATION_FIRST}-{_APPLICATION_LAST}"
                 ) from None
-        if self.properties:
-            for key, value in self.properties.items():
-                if type(key) is not str or type(value) is not str:
-                    raise InvalidMessage(f"properties must map str to str; got {key!r}: {value!r}")
-        if self.idempotency_key is not None and type(self.idempotency_key) is not str:
-            raise InvalidMessage("idempotency_key must be str or None")
+        properties = self.properties
+        if type(properties) is not dict and not isinstance(properties, Mapping):
+            raise InvalidMessage(
+                f"properties must be a mapping of str to str, not {type(properties).__name__}"
+            )
+        for key, value in properties.items():
+            if type(key) is not str or type(value) is not str:
+                raise InvalidMessage(f"properties must map str to str; got {key!r}: {value!r}")
+            if not (_is_utf8(key) and _is_utf8(value)):
+                raise InvalidMessage(f"properties {key!r}: {value!r} are not valid UTF-8 text")
+        ikey = self.idempotency_key
+        if ikey is not None:
+            if type(ikey) is not str:
+                raise InvalidMessage("idempotency_key must be str or None")
+            if not _is_utf8(ikey):
+                raise InvalidMessage(f"idempotency_key {ikey!r} is not valid UTF-8 text")
+
+
+def _is_utf8(text: str) -> bool:
+    """False for text with lone surrogates, which UTF-8 cannot encode."""
+    if text.isascii():  # O(1) in CPython: the common case costs nothing
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ImmutableMessage(msgspec.Struct, frozen=True):

@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from ._deliver import DeliverPolicy
 from ._errors import InvalidArgument, UnknownBackend
-from ._filter import Filter
 from ._registry import backend_class
 from ._timetick import HybridClock, TimetickAllocator
 from ._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
@@ -63,14 +61,6 @@ async def open_wal(
 
 
 async def _recover_timetick(backend: Backend, allocator: TimetickAllocator) -> None:
-    """Seed the allocator with the newest tick in the log: log order equals tick order,
-    so the last message carries it. Ticks then keep increasing across restarts."""
-    last = await backend.latest_message_id()
-    if last is None:
-        return
-    scanner = backend.read(DeliverPolicy.start_from(last), Filter.everything())
-    try:
-        batch = await scanner.next_batch()
-    finally:
-        await scanner.aclose()
-    allocator.observe(batch[-1].timetick)
+    """Seed the allocator with the newest tick the pchannel ever had, so ticks keep
+    increasing across restarts (truncation included)."""
+    allocator.observe(await backend.last_timetick())

@@ -64,13 +64,21 @@ def backend_class(scheme: str) -> type[Backend]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if exc.name == module_name:
+            raise UnknownBackend(
+                f"the {scheme}:// backend module {module_name} is not installed"
+                + (" (it is not part of this walsvc release yet)" if builtin else "")
+            ) from exc
         if extra is None:
-            raise
+            raise UnknownBackend(
+                f"the {scheme}:// backend module {module_name} cannot be imported:"
+                f" {exc.name or exc} is missing"
+            ) from exc
         raise UnknownBackend(
             f"the {scheme}:// backend needs the {extra!r} extra ({exc.name} is missing):"
             f" pip install 'walsvc[{extra}]'"
         ) from exc
-    cls = module.backend_class
+    cls = getattr(module, "backend_class", None)
     if not (isinstance(cls, type) and issubclass(cls, Backend)) or cls.scheme != scheme:
         raise UnknownBackend(f"{module_name}.backend_class is not a Backend for {scheme!r}")
     _loaded[scheme] = cls

@@ -74,11 +74,13 @@ class Scanner:
         if self._user_closed:
             return
         self._user_closed = True
+        self._batch, self._index = (), 0  # nothing buffered is delivered after close
         self._on_close(self)
         await self._backend_scanner.aclose()
 
     async def _close_for_wal(self) -> None:
         """Close because the WAL closed: pending and later reads raise ``WALClosed``."""
+        self._batch, self._index = (), 0
         await self._backend_scanner.aclose()
 
     async def __aenter__(self) -> Scanner:

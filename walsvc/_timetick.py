@@ -46,6 +46,7 @@ class HybridClock:
         self._last = 0
 
     def allocate(self) -> int:
+        """A tick above every earlier one: ``now_ms << 18``, or the last tick + 1."""
         now_ms = self._now_ms
         # The default clock is inlined: allocate() runs once per appended message.
         tick = (now_ms() if now_ms else _time_ns() // 1_000_000) << LOGICAL_BITS
@@ -55,6 +56,7 @@ class HybridClock:
         return tick
 
     def observe(self, timetick: int) -> None:
+        """Keep every later tick above ``timetick``."""
         if timetick > self._last:
             self._last = timetick
 

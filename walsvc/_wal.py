@@ -146,7 +146,8 @@ class WAL:
         return scanner
 
     async def latest_message_id(self) -> MessageId | None:
-        """The id of the newest durable message, or None if the log is empty."""
+        """The id of the newest durable message ever appended (even if since truncated),
+        or None if nothing was ever appended."""
         if self._closed:
             raise WALClosed(f"WAL {self.pchannel!r} is closed")
         return await self._backend.latest_message_id()

@@ -83,7 +83,13 @@ class Backend(ABC):
 
     @abstractmethod
     async def latest_message_id(self) -> MessageId | None:
-        """The id of the newest durable message, or None if the log holds none."""
+        """The id of the newest durable message ever appended (even if since truncated),
+        or None if nothing was ever appended."""
+
+    @abstractmethod
+    async def last_timetick(self) -> int:
+        """The greatest timetick ever appended to the pchannel (0 if none), truncated
+        messages included: the floor a new writer's ticks must stay above."""
 
     @abstractmethod
     async def truncate(self, message_id: MessageId) -> None:

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, final
 
-from .._codec import decode_run
+from .._codec import decode_run, timetick_of
 from .._deliver import DeliverPolicy
 from .._errors import InvalidArgument, WALClosed, WALFenced, WALTruncated
 from .._filter import Filter
@@ -34,12 +34,13 @@ class MemoryMessageId(SequenceMessageId, frozen=True):
 class _Log:
     """One pchannel's records; ``records[i]`` has sequence number ``first_seq + i``."""
 
-    __slots__ = ("first_seq", "records", "term", "waiters")
+    __slots__ = ("first_seq", "last_record", "records", "term", "waiters")
 
     def __init__(self) -> None:
         self.records: list[bytes] = []
         self.first_seq = 0
         self.term = 0
+        self.last_record = b""  # the newest envelope, kept even when truncated
         self.waiters: set[asyncio.Future[None]] = set()
 
     @property
@@ -102,16 +103,21 @@ class MemoryBackend(Backend):
             log = _logs[(location, pchannel)] = _Log()
         return cls(log, pchannel, read_only)
 
-    def append(self, records: Sequence[bytes]) -> _Ids:
+    def _check_writer(self) -> None:
         if self._closed:
             raise WALClosed(f"memory WAL {self.pchannel!r} is closed")
-        log = self._log
-        if log.term != self.term:
+        if self._log.term != self.term:
             raise WALFenced(
-                f"memory WAL {self.pchannel!r}: term {self.term} was fenced by term {log.term}"
+                f"memory WAL {self.pchannel!r}: term {self.term} was fenced by term"
+                f" {self._log.term}"
             )
+
+    def append(self, records: Sequence[bytes]) -> _Ids:
+        self._check_writer()
+        log = self._log
         first = log.end_seq
         log.records += records
+        log.last_record = records[-1]
         if log.waiters:
             log.wake()
         if len(records) == 1:
@@ -137,7 +143,11 @@ class MemoryBackend(Backend):
         end = self._log.end_seq
         return MemoryMessageId(end - 1) if end else None
 
+    async def last_timetick(self) -> int:
+        return timetick_of(self._log.last_record) if self._log.last_record else 0
+
     async def truncate(self, message_id: MessageId) -> None:
+        self._check_writer()
         log = self._log
         seq = _seq_of(message_id)
         if seq >= log.end_seq:

@@ -117,6 +117,9 @@ class FileBackend(Backend):
         end = self.directory.head.read().durable_end
         return FileMessageId(end - 1) if end else None
 
+    async def last_timetick(self) -> int:
+        return self.directory.head.read().last_timetick
+
     async def truncate(self, message_id: MessageId) -> None:
         if self._writer is None:
             raise WALReadOnly(f"file WAL {self.directory.path} was opened read-only")
@@ -177,7 +180,8 @@ def _recover_locked(directory: LogDirectory, sync: bool, segment_size: int) -> G
     head.write(state._replace(term=term), sync=True)
     fsync_directory(directory.path)
     tail = recover_tail(directory, state.first_seq)
-    head.write(HeadState(term, tail.next_seq, state.first_seq), sync=True)
+    last_timetick = max(state.last_timetick, tail.last_timetick)
+    head.write(HeadState(term, tail.next_seq, state.first_seq, last_timetick), sync=True)
     return GroupCommitWriter(directory, term, tail, sync=sync, segment_size=segment_size)
 
 

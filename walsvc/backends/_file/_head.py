@@ -1,6 +1,7 @@
 """The ``head`` file of a pchannel directory: the current writer term, the end of the
-durable records, and the first record not truncated away. It is also the writers' lock:
-a writer holds ``flock(LOCK_EX)`` on it while it recovers and while it writes a batch.
+durable records, the first record not truncated away, and the greatest timetick. It is
+also the writers' lock: a writer holds ``flock(LOCK_EX)`` on it while it recovers and
+while it writes a batch.
 
 Fencing follows from that: a read-write open bumps the term under the lock; a writer
 re-reads the term under the lock before every batch and stops for good if it changed.
@@ -21,7 +22,8 @@ __all__ = ("HeadFile", "HeadState")
 
 _MAGIC: Final = b"WALH"
 _VERSION: Final = 1
-_LAYOUT = struct.Struct("<4sHHQQQ")  # magic, version, reserved, term, durable end, first seq
+# magic, version, reserved, term, durable end, first seq, last timetick
+_LAYOUT = struct.Struct("<4sHHQQQQ")
 _SIZE: Final = _LAYOUT.size + 4  # plus CRC32C
 
 
@@ -33,6 +35,8 @@ class HeadState(NamedTuple):
     durable_end: int
     #: Records with a smaller sequence number were truncated away.
     first_seq: int
+    #: The greatest timetick appended so far (kept through truncation).
+    last_timetick: int
 
 
 class HeadFile:
@@ -49,18 +53,18 @@ class HeadFile:
         """The current state; a missing or empty file reads as term 0 with no records."""
         data = os.pread(self.fd, _SIZE, 0)
         if not data:
-            return HeadState(0, 0, 0)
+            return HeadState(0, 0, 0, 0)
         if len(data) != _SIZE:
             raise CorruptRecord(f"{self.path}: head file is {len(data)} bytes, not {_SIZE}")
-        magic, version, _, term, durable_end, first_seq = _LAYOUT.unpack_from(data)
+        magic, version, _, term, durable_end, first_seq, last_timetick = _LAYOUT.unpack_from(data)
         if magic != _MAGIC or int.from_bytes(data[-4:], "little") != crc32c(data[:-4]):
             raise CorruptRecord(f"{self.path}: head file fails its checks")
         if version != _VERSION:
             raise CorruptRecord(f"{self.path}: unknown head file version {version}")
-        return HeadState(term, durable_end, first_seq)
+        return HeadState(term, durable_end, first_seq, last_timetick)
 
     def write(self, state: HeadState, *, sync: bool) -> None:
-        """Overwrite the state (one 40-byte write at offset 0); ``sync`` makes it durable."""
+        """Overwrite the state (one small write at offset 0); ``sync`` makes it durable."""
         body = _LAYOUT.pack(_MAGIC, _VERSION, 0, *state)
         data = body + crc32c(body).to_bytes(4, "little")
         if os.pwrite(self.fd, data, 0) != len(data):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from ..._codec import last_timetick_of_run
 from ..._errors import CorruptRecord
 from ._directory import LogDirectory, fsync_directory
+from ._format import FRAME_HEADER_SIZE, MAGIC, parse_frame_header, verify_frame
 from ._frames import read_frames
 
 __all__ = ("Tail", "recover_tail")
@@ -21,40 +23,43 @@ class Tail(NamedTuple):
     fd: int
     offset: int
     next_seq: int
+    #: Timetick of the newest record in the segment (0 if it holds none).
+    last_timetick: int
 
 
 def recover_tail(directory: LogDirectory, first_seq: int) -> Tail:
     """Scan the newest segment (creating the first one for a new log, starting at
     ``first_seq``), truncate a torn last frame, and return the tail.
 
-    A frame that fails its checks is a torn write only if it runs to the end of the file
-    or is followed by nothing but zeros (what a crash mid-write leaves); anything else is
-    corruption and raises ``CorruptRecord`` rather than dropping acknowledged records.
+    A frame that is incomplete or fails its checks is a torn write only if no valid frame
+    follows it (a crash mid-write leaves a prefix of the last frame, possibly followed by
+    zeros, and nothing else); otherwise it is corruption and raises ``CorruptRecord``
+    rather than dropping acknowledged records.
     """
     segments = directory.segments()
     if not segments:
         path = directory.segment_path(first_seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fsync_directory(directory.path)
-        return Tail(first_seq, fd, 0, first_seq)
+        return Tail(first_seq, fd, 0, first_seq, 0)
     segment = segments[-1]
     path = directory.segment_path(segment)
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
-        offset, next_seq = _scan(directory, segment, fd, path)
+        offset, next_seq, last_timetick = _scan(directory, segment, fd, path)
     except BaseException:
         os.close(fd)
         raise
-    return Tail(segment, fd, offset, next_seq)
+    return Tail(segment, fd, offset, next_seq, last_timetick)
 
 
-def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[int, int]:
-    size = os.fstat(fd).st_size
+def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[int, int, int]:
     offset = 0
     next_seq = segment
+    last_body: memoryview | None = None
     while True:
         block = read_frames(fd, offset)
-        for header, _ in block.frames:
+        for header, body in block.frames:
             if header.first_seq != next_seq:
                 raise CorruptRecord(
                     f"{path}: frame at offset {header.offset} starts at record"
@@ -62,20 +67,36 @@ def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[in
                 )
             directory.index.note(segment, header.first_seq, header.offset)
             next_seq = header.end_seq
+            last_body = body
         offset = block.next_offset
         if block.stop == "block":
             continue
-        if block.stop == "eof":
-            return offset, next_seq
-        if block.stop == "bad" and not _is_torn(fd, offset, size, block.bad_end):
-            raise CorruptRecord(f"{path}: {block.error}; valid frames follow it") from None
-        os.ftruncate(fd, offset)
-        os.fsync(fd)
-        return offset, next_seq
+        if block.stop in ("bad", "partial") and not _is_torn(fd, offset):
+            error = block.error or f"frame at offset {offset} runs past the end of the file"
+            raise CorruptRecord(f"{path}: {error}; valid frames follow it") from None
+        if block.stop != "eof":
+            os.ftruncate(fd, offset)
+            os.fsync(fd)
+        last_timetick = 0 if last_body is None else last_timetick_of_run(last_body)
+        return offset, next_seq, last_timetick
 
 
-def _is_torn(fd: int, offset: int, size: int, claimed_end: int | None) -> bool:
-    if claimed_end is not None and claimed_end >= size:
-        return True
-    rest = os.pread(fd, size - offset, offset)
-    return rest.count(0) == len(rest)
+def _is_torn(fd: int, offset: int) -> bool:
+    """A crash mid-write leaves a prefix of the last frame and nothing after it, so the bad
+    frame at ``offset`` is torn unless some valid frame follows it."""
+    data = os.pread(fd, os.fstat(fd).st_size - offset, offset)
+    rest = memoryview(data)
+    at = data.find(MAGIC, 1)
+    while at != -1:
+        if len(rest) - at >= FRAME_HEADER_SIZE:
+            header = parse_frame_header(rest, at, offset + at)
+            body = rest[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + header.body_length]
+            if len(body) == header.body_length:
+                try:
+                    verify_frame(header, body)
+                except CorruptRecord:
+                    pass
+                else:
+                    return False
+        at = data.find(MAGIC, at + 1)
+    return True

@@ -131,13 +131,27 @@ class FileScanner(BackendScanner):
         self._offset_seq, self._offset = directory.index.floor(segment, target)
 
     def _next_segment(self) -> None:
-        """The current segment is exhausted and the log goes on: open the next one."""
+        """The current segment is exhausted and the log goes on: open the next one, which
+        must start exactly where this one ended."""
+        directory = self._backend.directory
+        later = [s for s in directory.segments() if s > self._segment]
+        if not later or later[0] != self._offset_seq:
+            if directory.head.read().first_seq > self._offset_seq:
+                raise WALTruncated(
+                    f"file WAL {directory.path}: records from {self._offset_seq} were"
+                    " truncated while this scanner was behind"
+                )
+            raise CorruptRecord(
+                f"file WAL {directory.path}: segment {self._segment} ends at record"
+                f" {self._offset_seq}, but the next segment starts at"
+                f" {later[0] if later else 'no record'}"
+            )
         try:
-            self._open_segment(self._offset_seq)
+            self._open_segment(later[0])
         except FileNotFoundError:
             raise WALTruncated(
-                f"file WAL {self._backend.directory.path}: the segment starting at record"
-                f" {self._offset_seq} is gone (truncated while this scanner was behind)"
+                f"file WAL {directory.path}: the segment starting at record"
+                f" {self._offset_seq} was truncated while this scanner was behind"
             ) from None
         self._offset = 0
 

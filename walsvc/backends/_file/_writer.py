@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from ..._codec import timetick_of
 from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALError, WALFenced
 from ._directory import LogDirectory, fsync_directory
 from ._format import encode_frames
@@ -100,7 +101,12 @@ class GroupCommitWriter:
                 offset_before, segment_before = self._offset, self._segment
                 try:
                     await loop.run_in_executor(
-                        self._executor, self._write, data, first, len(records)
+                        self._executor,
+                        self._write,
+                        data,
+                        first,
+                        len(records),
+                        timetick_of(records[-1]),
                     )
                 except WALFenced as exc:
                     self._failure = exc
@@ -131,7 +137,7 @@ class GroupCommitWriter:
         finally:
             self._flusher = None
 
-    def _write(self, data: bytes, first: int, count: int) -> None:
+    def _write(self, data: bytes, first: int, count: int, last_timetick: int) -> None:
         """Worker thread: append one batch under the writers' lock."""
         head = self._directory.head
         head.lock()
@@ -153,7 +159,9 @@ class GroupCommitWriter:
             if self._sync:
                 os.fdatasync(self._fd)
             self._offset = offset
-            head.write(HeadState(self._term, first + count, state.first_seq), sync=False)
+            head.write(
+                HeadState(self._term, first + count, state.first_seq, last_timetick), sync=False
+            )
         finally:
             head.unlock()
 

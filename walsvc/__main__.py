@@ -1,0 +1,8 @@
+"""``python -m walsvc``: the same command line as the ``walsvc`` script."""
+
+from __future__ import annotations
+
+from ._cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
