@@ -88,6 +88,16 @@ class Filter:
         return result
 
     @property
+    def vchannel_hashes(self) -> frozenset[int] | None:
+        """The header hashes ``prefilter`` accepts (broadcast's 0 included), or None."""
+        return self._vchannel_hashes
+
+    @property
+    def vchannels_only(self) -> bool:
+        """True if only the vchannel set restricts this filter (the common, fastest case)."""
+        return self.vchannels is not None and self.types is None and self.min_timetick <= 0
+
+    @property
     def is_everything(self) -> bool:
         """True if this filter admits every message."""
         return self.vchannels is None and self.types is None and self.min_timetick <= 0

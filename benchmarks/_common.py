@@ -1,0 +1,266 @@
+"""What the benchmark modules share: event loops, the 100-byte payload, the raw group-commit
+baseline, closed- and open-loop producer drivers, and side-by-side repetition.
+
+Nothing here is named like an asv benchmark (``time_*``, ``track_*``, ``Time*``, ...), so
+asv's discovery ignores this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+__all__ = (
+    "LOOPS",
+    "PAYLOAD",
+    "PRODUCERS",
+    "VCHANNELS",
+    "RawGroupCommitLog",
+    "close_loop",
+    "closed_loop_rate",
+    "new_loop",
+    "note",
+    "open_loop_latencies",
+    "percentile",
+    "remove_dir",
+    "scratch_dir",
+    "side_by_side",
+)
+
+_T = TypeVar("_T")
+
+#: Event loops the benchmarks are parametrized over; uvloop is the fast path.
+LOOPS = ("uvloop", "asyncio")
+#: The issue's record size: 100-byte payloads.
+PAYLOAD = bytes(range(100))
+#: Concurrent producers of the 64-producer targets.
+PRODUCERS = 64
+#: Producer i writes vchannel ``VCHANNELS[i % 16]``.
+VCHANNELS = tuple(f"v{i}" for i in range(16))
+
+
+def new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    """A fresh event loop of ``kind`` ("uvloop" or "asyncio"), set as the current loop."""
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            # asv reports a NotImplementedError raised in setup as "skipped".
+            raise NotImplementedError("uvloop is not installed") from None
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    elif kind == "asyncio":
+        loop = asyncio.new_event_loop()
+    else:
+        raise ValueError(f"unknown event loop {kind!r}")
+    asyncio.set_event_loop(loop)
+    return loop
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Shut ``loop`` down cleanly (async generators, default executor) and close it."""
+    if loop.is_closed():
+        return
+    try:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def scratch_dir(tag: str) -> str:
+    """A new empty directory on the temp file system (same disk as the project here)."""
+    return tempfile.mkdtemp(prefix=f"walsvc-bench-{tag}-")
+
+
+def remove_dir(path: str | None) -> None:
+    """Remove ``path`` and everything under it, if it exists."""
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def note(message: str) -> None:
+    """A diagnostic line on stderr (``asv run --show-stderr`` prints it)."""
+    print(f"[walsvc-bench] {message}", file=sys.stderr, flush=True)
+
+
+def side_by_side(
+    loop: asyncio.AbstractEventLoop,
+    repeats: int,
+    *measures: Callable[[], Coroutine[Any, Any, _T]],
+) -> list[list[_T]]:
+    """Run each measure ``repeats`` times, alternating between them so that drifting
+    machine noise hits all of them alike; return one list of results per measure."""
+    results: list[list[_T]] = [[] for _ in measures]
+    for _ in range(repeats):
+        for out, measure in zip(results, measures, strict=True):
+            out.append(loop.run_until_complete(measure()))
+    return results
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, by linear interpolation."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+async def closed_loop_rate(
+    operation: Callable[[int], Awaitable[object]],
+    *,
+    producers: int,
+    seconds: float,
+    items_per_call: int = 1,
+) -> float:
+    """Items per second when ``producers`` coroutines each await ``operation(i)`` back to
+    back for ``seconds`` (each finishes the call in flight at the deadline)."""
+    clock = time.perf_counter
+
+    async def producer(i: int) -> int:
+        calls = 0
+        while clock() < deadline:
+            await operation(i)
+            calls += 1
+        return calls
+
+    start = clock()
+    deadline = start + seconds
+    counts = await asyncio.gather(*(producer(i) for i in range(producers)))
+    elapsed = clock() - start
+    return sum(counts) * items_per_call / elapsed
+
+
+async def open_loop_latencies(
+    operation: Callable[[int], Awaitable[object]],
+    *,
+    producers: int,
+    rate: float,
+    seconds: float,
+    warmup: float,
+) -> tuple[list[float], float]:
+    """Offer ``rate`` calls per second in total from ``producers`` coroutines that pace
+    themselves by a fixed schedule (producer i at offsets i/rate + k*producers/rate) for
+    ``warmup + seconds``; return each call's latency in seconds (calls started after the
+    warm-up, timed from the call to its return) and the call rate achieved in that window.
+
+    A producer that falls behind its schedule calls back to back until it catches up, so
+    the offered load does not drop when acks slow down.
+    """
+    clock = time.perf_counter
+    interval = producers / rate
+    start = clock() + 0.005
+    record_from = start + warmup
+    end = record_from + seconds
+    latencies: list[float] = []
+    sleep = asyncio.sleep
+
+    async def producer(i: int) -> None:
+        due = start + i / rate
+        while due < end:
+            now = clock()
+            if now < due:
+                await sleep(due - now)
+            began = clock()
+            await operation(i)
+            if began >= record_from:
+                latencies.append(clock() - began)
+            due += interval
+
+    await asyncio.gather(*(producer(i) for i in range(producers)))
+    return latencies, len(latencies) / seconds
+
+
+class RawGroupCommitLog:
+    """The baseline of the durable-append targets: raw group commit with no envelope.
+
+    Producers hand over (record, future) with ``append``; one writer task drains
+    everything queued, writes it with one ``os.write`` and one ``os.fdatasync`` in a
+    single worker thread (one executor hop per batch), then resolves the futures. While a
+    sync is in flight the next batch accumulates. With ``path=None`` the writer keeps the
+    batch in memory instead (no I/O, no thread): the cost of the asyncio hand-off alone.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fd = (
+            None if path is None else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        )
+        self._executor = (
+            None if path is None else ThreadPoolExecutor(1, thread_name_prefix="raw-log")
+        )
+        self._records: list[bytes] = []
+        self._futures: list[asyncio.Future[None]] = []
+        self._wakeup: asyncio.Future[None] | None = None
+        self._closing = False
+        self.written = 0
+        self.batches = 0
+        self._task = self._loop.create_task(self._run())
+
+    def append(self, record: bytes) -> asyncio.Future[None]:
+        """Queue ``record``; the future resolves once it is written (and synced)."""
+        future = self._loop.create_future()
+        self._records.append(record)
+        self._futures.append(future)
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set_result(None)
+        return future
+
+    async def _run(self) -> None:
+        loop = self._loop
+        while True:
+            if not self._records:
+                if self._closing:
+                    return
+                self._wakeup = loop.create_future()
+                await self._wakeup
+                continue
+            records, futures = self._records, self._futures
+            self._records, self._futures = [], []
+            try:
+                if self._executor is not None:
+                    await loop.run_in_executor(self._executor, self._write, b"".join(records))
+                else:
+                    self.written += sum(map(len, records))
+            except BaseException as exc:
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+                raise
+            self.batches += 1
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
+    def _write(self, data: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        os.fdatasync(self._fd)
+        self.written += len(data)
+
+    async def aclose(self) -> None:
+        """Finish queued appends and release the file and the thread."""
+        self._closing = True
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set_result(None)
+        await self._task
+        if self._executor is not None:
+            self._executor.shutdown()
+        if self._fd is not None:
+            os.close(self._fd)
