@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+import time
 from typing import Final, NamedTuple
 
 from crc32c import crc32c
@@ -25,6 +26,10 @@ _VERSION: Final = 1
 # magic, version, reserved, term, durable end, first seq, last timetick
 _LAYOUT = struct.Struct("<4sHHQQQQ")
 _SIZE: Final = _LAYOUT.size + 4  # plus CRC32C
+
+
+_READ_ATTEMPTS: Final = 5
+_RETRY_SECONDS: Final = 0.0002
 
 
 class HeadState(NamedTuple):
@@ -50,18 +55,24 @@ class HeadFile:
         self.fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
 
     def read(self) -> HeadState:
-        """The current state; a missing or empty file reads as term 0 with no records."""
-        data = os.pread(self.fd, _SIZE, 0)
-        if not data:
-            return HeadState(0, 0, 0, 0)
+        """The current state; a missing or empty file reads as term 0 with no records.
+
+        Readers do not take the lock, and Linux does not make a read atomic against a
+        concurrent ``pwrite`` of the same bytes, so a read that fails its checks is retried
+        a few times before it counts as corruption.
+        """
+        for attempt in range(_READ_ATTEMPTS):
+            data = os.pread(self.fd, _SIZE, 0)
+            if not data:
+                return HeadState(0, 0, 0, 0)
+            state = _parse(data)
+            if state is not None:
+                return state
+            if attempt:
+                time.sleep(_RETRY_SECONDS)
         if len(data) != _SIZE:
             raise CorruptRecord(f"{self.path}: head file is {len(data)} bytes, not {_SIZE}")
-        magic, version, _, term, durable_end, first_seq, last_timetick = _LAYOUT.unpack_from(data)
-        if magic != _MAGIC or int.from_bytes(data[-4:], "little") != crc32c(data[:-4]):
-            raise CorruptRecord(f"{self.path}: head file fails its checks")
-        if version != _VERSION:
-            raise CorruptRecord(f"{self.path}: unknown head file version {version}")
-        return HeadState(term, durable_end, first_seq, last_timetick)
+        raise CorruptRecord(f"{self.path}: head file fails its checks")
 
     def write(self, state: HeadState, *, sync: bool) -> None:
         """Overwrite the state (one small write at offset 0); ``sync`` makes it durable."""
@@ -89,3 +100,15 @@ class HeadFile:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _parse(data: bytes) -> HeadState | None:
+    """The state in ``data``, or None if it fails its length, magic, CRC or version."""
+    if len(data) != _SIZE:
+        return None
+    magic, version, _, term, durable_end, first_seq, last_timetick = _LAYOUT.unpack_from(data)
+    if magic != _MAGIC or version != _VERSION:
+        return None
+    if int.from_bytes(data[-4:], "little") != crc32c(data[:-4]):
+        return None
+    return HeadState(term, durable_end, first_seq, last_timetick)

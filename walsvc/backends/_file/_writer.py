@@ -108,7 +108,7 @@ class GroupCommitWriter:
                         len(records),
                         timetick_of(records[-1]),
                     )
-                except WALFenced as exc:
+                except WALError as exc:  # fenced, or a corrupt head file
                     self._failure = exc
                     _fail(calls, exc)
                     continue
@@ -119,6 +119,11 @@ class GroupCommitWriter:
                     )
                     _fail(calls, self._failure)
                     continue
+                except BaseException as exc:
+                    # Cancelled or a bug: never leave callers waiting on a dead flusher.
+                    self._failure = BackendUnavailable(f"the writer stopped: {exc!r}")
+                    _fail(calls, self._failure)
+                    raise
                 if self._segment == segment_before:
                     self._directory.index.note(self._segment, first, offset_before)
                 else:

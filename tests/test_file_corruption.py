@@ -1,0 +1,626 @@
+"""Damaged ``file://`` logs: truncation, byte flips, garbage tails and a damaged head file
+yield ``CorruptRecord`` or a clean torn-tail cut, never a wrong message, a hang, or another
+exception.
+
+Every case starts from the same small log (several segments, several frames in each, built
+once per module) copied into a fresh directory, damages one thing, then checks:
+
+- read-only, before anything repairs the log, and
+- read-write (which recovers the tail), then appending after a clean cut.
+
+The rule under test (``walsvc/backends/_file/_format.py``, ``_recovery.py``): a frame that
+fails its checks at the very end of the newest segment is a torn write and is cut off on
+a read-write open; anywhere else it is corruption and raises ``CorruptRecord``. Every
+message read back is compared with what was written: id, timetick, vchannel, type,
+payload, properties and writer term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import walsvc
+from walsvc import CorruptRecord, DeliverPolicy, ImmutableMessage, Message, MessageType
+from walsvc._codec import encode
+from walsvc.backends._file import FileMessageId
+from walsvc.backends._file._format import (
+    FRAME_HEADER_SIZE,
+    encode_frames,
+    parse_frame_header,
+    segment_seq,
+)
+
+PCHANNEL = "p"
+SEGMENT_SIZE = 4096  # the smallest allowed: many segments from a small log
+Expected = tuple[FileMessageId, int, str, MessageType, bytes, dict[str, str], int]
+Outcome = list[ImmutableMessage] | CorruptRecord
+
+# Each example copies a ~30 KB log into a fresh directory under tmp_path (hence the
+# suppressed health check) and opens it two or three times: a few ms. No example database:
+# a failure prints its reproduction blob (profile "ci"), and examples saved from an older
+# shape of the base log would replay as spurious FlakyStrategyDefinition errors.
+PROPERTY = settings(
+    max_examples=60,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    database=None,
+)
+
+
+@dataclass(frozen=True)
+class Frame:
+    segment: str  # file name
+    offset: int
+    end: int
+    first_seq: int
+    count: int
+
+
+class BaseLog:
+    """The pristine log: its files, what was written, and where each frame lies.
+
+    (A plain class with a short repr: hypothesis pretty-prints test arguments, and with a
+    dataclass full of bytes it misreports failures as FlakyStrategyDefinition.)
+    """
+
+    __slots__ = ("expected", "files", "frames", "term")
+
+    def __init__(
+        self, files: dict[str, bytes], expected: list[Expected], frames: list[Frame], term: int
+    ) -> None:
+        self.files = files
+        self.expected = expected
+        self.frames = frames  # in log order
+        self.term = term
+
+    def __repr__(self) -> str:
+        return f"<base log: {len(self.expected)} records in {self.segments}>"
+
+    @property
+    def segments(self) -> list[str]:
+        return sorted(name for name in self.files if segment_seq(name) is not None)
+
+    @property
+    def newest(self) -> str:
+        return self.segments[-1]
+
+    def frames_of(self, segment: str) -> list[Frame]:
+        return [f for f in self.frames if f.segment == segment]
+
+    def materialize(self, root: Path) -> Path:
+        """Write the log's files under ``root``; return the pchannel directory."""
+        directory = root / PCHANNEL
+        directory.mkdir(parents=True)
+        for name, data in self.files.items():
+            (directory / name).write_bytes(data)
+        return directory
+
+
+def _message(rng: random.Random, i: int) -> Message:
+    properties = {"i": str(i)} if i % 3 else {}
+    if i % 4 == 1:
+        properties["k"] = "v" * rng.randrange(50)
+    return Message(
+        payload=rng.randbytes(rng.choice([0, 1, 17, rng.randrange(900)])),
+        vchannel=f"vc{i % 3}",
+        type=(MessageType.INSERT, MessageType.DELETE, MessageType(10_001))[i % 3],
+        properties=properties,
+    )
+
+
+async def _build(directory: Path) -> BaseLog:
+    rng = random.Random(20240611)
+    expected: list[Expected] = []
+    async with await walsvc.open_wal(
+        f"file://{directory}", PCHANNEL, segment_size=SEGMENT_SIZE
+    ) as wal:
+        i = 0
+        for _ in range(30):
+            batch = [_message(rng, i + k) for k in range(rng.randint(1, 5))]
+            i += len(batch)
+            if len(batch) == 1:
+                results = [await wal.append(batch[0])]
+            else:
+                results = await wal.append_many(batch)
+            for m, r in zip(batch, results, strict=True):
+                assert isinstance(r.message_id, FileMessageId)
+                expected.append(
+                    (r.message_id, r.timetick, m.vchannel, m.type, m.payload,
+                     dict(m.properties), wal.term)
+                )  # fmt: skip
+        term = wal.term
+    pdir = directory / PCHANNEL
+    files = {name: (pdir / name).read_bytes() for name in os.listdir(pdir)}
+    frames = []
+    for name in sorted(n for n in files if segment_seq(n) is not None):
+        data, at = files[name], 0
+        while at < len(data):
+            header = parse_frame_header(data, at, at)
+            frames.append(Frame(name, at, header.end, header.first_seq, header.count))
+            at = header.end
+    return BaseLog(files, expected, frames, term)
+
+
+@pytest.fixture(scope="module")
+def base_log(tmp_path_factory: pytest.TempPathFactory) -> BaseLog:
+    log = asyncio.run(_build(tmp_path_factory.mktemp("base")))
+    # The cases below need: several segments, and several frames in the newest one.
+    assert len(log.segments) >= 3
+    assert len(log.frames_of(log.newest)) >= 3
+    assert sum(f.count for f in log.frames) == len(log.expected)
+    return log
+
+
+def _fields(message: ImmutableMessage) -> Expected:
+    assert isinstance(message.message_id, FileMessageId)
+    return (
+        message.message_id,
+        message.timetick,
+        message.vchannel,
+        message.type,
+        message.payload,
+        dict(message.properties),
+        message.term,
+    )
+
+
+async def _read_all(wal: walsvc.WAL) -> list[ImmutableMessage]:
+    """Everything up to the latest id. A scanner that neither delivers nor raises would
+    wait forever: that fails the test (the logs here read in milliseconds)."""
+    last = await wal.latest_message_id()
+    out: list[ImmutableMessage] = []
+    if last is None:
+        return out
+    try:
+        async with asyncio.timeout(3), wal.read(DeliverPolicy.all()) as scanner:
+            async for message in scanner:
+                out.append(message)
+                if message.message_id >= last:
+                    break
+    except TimeoutError:
+        raise AssertionError(f"reading hung after {len(out)} of {last} messages") from None
+    return out
+
+
+async def _outcome(root: Path, *, read_only: bool) -> Outcome:
+    """Open, read everything, close; CorruptRecord is an outcome, any other error is not."""
+    try:
+        async with await walsvc.open_wal(
+            f"file://{root}", PCHANNEL, read_only=read_only, segment_size=SEGMENT_SIZE
+        ) as wal:
+            return await _read_all(wal)
+    except CorruptRecord as exc:
+        return exc
+
+
+def _assert_prefix(messages: list[ImmutableMessage], base: BaseLog, length: int) -> None:
+    assert [_fields(m) for m in messages] == base.expected[:length]
+
+
+async def _assert_appends_continue(root: Path, base: BaseLog, kept: int) -> None:
+    """After a clean cut at ``kept`` records: the next append gets id ``kept`` and a tick
+    above the last kept one, and a reopened log holds exactly the prefix plus it."""
+    url = f"file://{root}"
+    async with await walsvc.open_wal(url, PCHANNEL, segment_size=SEGMENT_SIZE) as wal:
+        result = await wal.append(Message(payload=b"after", vchannel="vc9"))
+    assert result.message_id == FileMessageId(kept)
+    if kept:
+        assert result.timetick > base.expected[kept - 1][1]
+    async with await walsvc.open_wal(url, PCHANNEL, read_only=True) as wal:
+        messages = await _read_all(wal)
+    _assert_prefix(messages[:-1], base, kept)
+    assert (messages[-1].message_id, messages[-1].payload) == (result.message_id, b"after")
+
+
+def _records_before(base: BaseLog, segment: str, offset: int) -> int:
+    """How many records lie in whole frames that end at or before ``offset`` of
+    ``segment`` (and in every older segment)."""
+    count = 0
+    for frame in base.frames:
+        if frame.segment < segment or (frame.segment == segment and frame.end <= offset):
+            count += frame.count
+    return count
+
+
+def _segment_path(root: Path, name: str) -> Path:
+    return root / PCHANNEL / name
+
+
+# ---------------------------------------------------------------------------------------
+# The pristine log
+
+
+async def test_the_base_log_reads_back_exactly(base_log: BaseLog, tmp_path: Path) -> None:
+    base_log.materialize(tmp_path)
+    for read_only in (True, False):
+        outcome = await _outcome(tmp_path, read_only=read_only)
+        assert not isinstance(outcome, CorruptRecord)
+        _assert_prefix(outcome, base_log, len(base_log.expected))
+        assert len(outcome) == len(base_log.expected)
+
+
+# ---------------------------------------------------------------------------------------
+# (a) truncation
+
+
+@PROPERTY
+@given(data=st.data())
+async def test_truncating_the_newest_segment_cuts_cleanly(
+    base_log: BaseLog, tmp_path: Path, data: st.DataObject
+) -> None:
+    """Cutting the newest segment at any byte: read-write recovery keeps exactly the whole
+    frames before the cut, and appends continue from there. Read-only (no recovery) it
+    reads that prefix too or reports CorruptRecord, since records it was told are
+    durable are gone."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    size = len(base_log.files[base_log.newest])
+    cut = data.draw(st.integers(0, size), label="cut")
+    base_log.materialize(root)
+    os.truncate(_segment_path(root, base_log.newest), cut)
+    kept = _records_before(base_log, base_log.newest, cut)
+
+    read_only = await _outcome(root, read_only=True)
+    if not isinstance(read_only, CorruptRecord):
+        _assert_prefix(read_only, base_log, kept)
+        assert cut == size, "read-only read everything although records were cut"
+    outcome = await _outcome(root, read_only=False)
+    assert not isinstance(outcome, CorruptRecord), outcome
+    _assert_prefix(outcome, base_log, kept)
+    assert len(outcome) == kept
+    await _assert_appends_continue(root, base_log, kept)
+
+
+@PROPERTY
+@given(data=st.data())
+async def test_truncating_an_older_segment_is_corruption(
+    base_log: BaseLog, tmp_path: Path, data: st.DataObject
+) -> None:
+    """Records missing from the middle of the log are never skipped silently: reading
+    them raises CorruptRecord (recovery only repairs the newest segment's tail)."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    segment = data.draw(st.sampled_from(base_log.segments[:-1]), label="segment")
+    size = len(base_log.files[segment])
+    cut = data.draw(st.integers(0, size - 1), label="cut")
+    base_log.materialize(root)
+    os.truncate(_segment_path(root, segment), cut)
+    for read_only in (True, False):
+        outcome = await _outcome(root, read_only=read_only)
+        assert isinstance(outcome, CorruptRecord), f"read_only={read_only}: no error"
+
+
+@pytest.mark.parametrize("where", ["empty", "frame-boundary", "missing"])
+async def test_records_missing_from_an_older_segment_are_corruption(
+    base_log: BaseLog, tmp_path: Path, where: str
+) -> None:
+    """The deterministic cases of the property above, and a segment file gone from the
+    middle: reading reports CorruptRecord; it neither hangs nor blames a truncation."""
+    segment = base_log.segments[1]
+    base_log.materialize(tmp_path)
+    path = _segment_path(tmp_path, segment)
+    if where == "empty":
+        os.truncate(path, 0)
+    elif where == "frame-boundary":
+        os.truncate(path, base_log.frames_of(segment)[1].offset)
+    else:
+        path.unlink()
+    for read_only in (True, False):
+        outcome = await _outcome(tmp_path, read_only=read_only)
+        assert isinstance(outcome, CorruptRecord), f"read_only={read_only}: no error"
+
+
+# ---------------------------------------------------------------------------------------
+# (b) byte flips
+
+
+def _frame_at(base: BaseLog, segment: str, offset: int) -> Frame:
+    return next(f for f in base.frames_of(segment) if f.offset <= offset < f.end)
+
+
+async def _check_flip(base: BaseLog, root: Path, segment: str, offset: int, mask: int) -> None:
+    base.materialize(root)
+    path = _segment_path(root, segment)
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ mask]))
+    frame = _frame_at(base, segment, offset)
+    in_last_frame = segment == base.newest and frame == base.frames[-1]
+
+    # Read-only: every frame is below the durable end, so the damage is always seen.
+    read_only = await _outcome(root, read_only=True)
+    assert isinstance(read_only, CorruptRecord), "read-only read a damaged log without error"
+
+    outcome = await _outcome(root, read_only=False)
+    if isinstance(outcome, CorruptRecord):
+        return
+    # Only a damaged last frame may be taken for a torn write and cut off.
+    assert in_last_frame, (
+        f"damage in {segment} at byte {offset} (frame at {frame.offset}, records from"
+        f" {frame.first_seq}) was silently dropped: {len(outcome)} of"
+        f" {len(base.expected)} records survive"
+    )
+    kept = len(base.expected) - frame.count
+    _assert_prefix(outcome, base, kept)
+    assert len(outcome) == kept
+    await _assert_appends_continue(root, base, kept)
+
+
+@st.composite
+def _flips(draw: st.DrawFn, base: BaseLog) -> tuple[str, int, int]:
+    """(segment, offset, xor mask): any byte of any segment, drawn so that frame headers
+    and the newest segment are well represented."""
+    segment = draw(st.one_of(st.just(base.newest), st.sampled_from(base.segments)))
+    frame = draw(st.sampled_from(base.frames_of(segment)))
+    offset = draw(
+        st.one_of(
+            st.integers(frame.offset, frame.offset + FRAME_HEADER_SIZE - 1),
+            st.integers(frame.offset, frame.end - 1),
+        )
+    )
+    return segment, offset, draw(st.integers(1, 255))
+
+
+@PROPERTY
+@given(data=st.data())
+async def test_a_flipped_byte_is_corruption_or_a_torn_tail(
+    base_log: BaseLog, tmp_path: Path, data: st.DataObject
+) -> None:
+    segment, offset, mask = data.draw(_flips(base_log), label="flip")
+    await _check_flip(base_log, Path(tempfile.mkdtemp(dir=tmp_path)), segment, offset, mask)
+
+
+async def test_every_frame_header_byte_flipped(base_log: BaseLog, tmp_path: Path) -> None:
+    """Exhaustively, each byte of each frame header of the newest and oldest segments
+    (two masks each: the low bit, and all bits)."""
+    failures = []
+    for segment in (base_log.segments[0], base_log.newest):
+        for frame in base_log.frames_of(segment):
+            for at in range(FRAME_HEADER_SIZE):
+                for mask in (0x01, 0xFF):
+                    root = Path(tempfile.mkdtemp(dir=tmp_path))
+                    try:
+                        await _check_flip(base_log, root, segment, frame.offset + at, mask)
+                    except AssertionError as exc:
+                        failures.append(f"header byte {at} ^ {mask:#04x}: {exc}")
+    assert not failures, "\n".join(failures[:12]) + f"\n({len(failures)} cases)"
+
+
+# ---------------------------------------------------------------------------------------
+# (c) the head file
+
+
+async def test_a_flipped_head_byte_is_corruption(base_log: BaseLog, tmp_path: Path) -> None:
+    """Every byte of the head file is checked: flipping any of them is CorruptRecord."""
+    size = len(base_log.files["head"])
+    for offset in range(size):
+        root = tmp_path / str(offset)
+        base_log.materialize(root)
+        head = root / PCHANNEL / "head"
+        data = bytearray(head.read_bytes())
+        data[offset] ^= 0x40
+        head.write_bytes(bytes(data))
+        await _assert_head_corrupt(root)
+
+
+async def test_a_short_head_is_corruption(base_log: BaseLog, tmp_path: Path) -> None:
+    size = len(base_log.files["head"])
+    for length in (1, 4, size // 2, size - 4, size - 1):
+        root = tmp_path / str(length)
+        base_log.materialize(root)
+        os.truncate(root / PCHANNEL / "head", length)
+        await _assert_head_corrupt(root)
+
+
+async def _assert_head_corrupt(root: Path) -> None:
+    url = f"file://{root}"
+    with pytest.raises(CorruptRecord, match="head file"):
+        await walsvc.open_wal(url, PCHANNEL)
+    async with await walsvc.open_wal(url, PCHANNEL, read_only=True) as wal:
+        with pytest.raises(CorruptRecord, match="head file"):
+            await wal.latest_message_id()
+        with pytest.raises(CorruptRecord, match="head file"):
+            async with wal.read() as scanner:
+                await anext(scanner)
+    # The failed read-write open left nothing locked: a repaired head opens again.
+    (root / PCHANNEL / "head").unlink()
+    async with await walsvc.open_wal(url, PCHANNEL) as wal:
+        assert await wal.latest_message_id() is not None
+
+
+# ---------------------------------------------------------------------------------------
+# (d) garbage after the last frame
+
+
+@PROPERTY
+@given(length=st.integers(1, 20_000))
+async def test_zeros_after_the_last_frame_are_cut(
+    base_log: BaseLog, tmp_path: Path, length: int
+) -> None:
+    """A crash can leave the file longer than what was written, the rest zeros."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    base_log.materialize(root)
+    path = _segment_path(root, base_log.newest)
+    with path.open("ab") as f:
+        f.write(bytes(length))
+    everything = len(base_log.expected)
+    read_only = await _outcome(root, read_only=True)  # the zeros lie past the durable end
+    assert not isinstance(read_only, CorruptRecord), read_only
+    _assert_prefix(read_only, base_log, everything)
+    outcome = await _outcome(root, read_only=False)
+    assert not isinstance(outcome, CorruptRecord), outcome
+    _assert_prefix(outcome, base_log, everything)
+    assert len(outcome) == everything
+    assert path.stat().st_size == len(base_log.files[base_log.newest])
+    await _assert_appends_continue(root, base_log, everything)
+
+
+def _torn_frame(base: BaseLog) -> bytes:
+    """A whole frame holding the next records, as an interrupted append would have
+    written it."""
+    records = [
+        encode(Message(payload=bytes([7]) * n, vchannel="torn"), timetick=1, term=base.term)
+        for n in (100, 3000, 10)
+    ]
+    return encode_frames(len(base.expected), records)
+
+
+@PROPERTY
+@given(data=st.data())
+async def test_a_torn_last_write_is_cut(
+    base_log: BaseLog, tmp_path: Path, data: st.DataObject
+) -> None:
+    """An append interrupted by a crash leaves some first bytes of its frame, and the file
+    may already have its full length with zeros where the data did not reach the disk
+    (file systems persist whole pages, in any order; a frame header can straddle a page
+    boundary). Recovery cuts it, keeping everything before it."""
+    frame = _torn_frame(base_log)
+    written = data.draw(st.integers(0, len(frame) - 1), label="bytes that reached the disk")
+    zero_filled = data.draw(st.booleans(), label="file has the frame's full length")
+    torn = frame[:written] + (bytes(len(frame) - written) if zero_filled else b"")
+    await _check_torn_tail(base_log, Path(tempfile.mkdtemp(dir=tmp_path)), torn)
+
+
+async def _check_torn_tail(base: BaseLog, root: Path, torn: bytes) -> None:
+    base.materialize(root)
+    path = _segment_path(root, base.newest)
+    with path.open("ab") as f:
+        f.write(torn)
+    everything = len(base.expected)
+    outcome = await _outcome(root, read_only=False)
+    assert not isinstance(outcome, CorruptRecord), f"torn tail not cut: {outcome}"
+    _assert_prefix(outcome, base, everything)
+    assert len(outcome) == everything
+    await _assert_appends_continue(root, base, everything)
+
+
+@pytest.mark.parametrize("written", [1, 3, 4, 8, 11])
+async def test_a_torn_frame_header_followed_by_zeros_is_cut(
+    base_log: BaseLog, tmp_path: Path, written: int
+) -> None:
+    """The deterministic cases of the property above where only part of the frame header
+    reached the disk and the rest of the frame reads as zeros."""
+    frame = _torn_frame(base_log)
+    await _check_torn_tail(base_log, tmp_path, frame[:written] + bytes(len(frame) - written))
+
+
+@PROPERTY
+@given(garbage=st.binary(min_size=1, max_size=3000))
+async def test_other_garbage_after_the_last_frame(
+    base_log: BaseLog, tmp_path: Path, garbage: bytes
+) -> None:
+    """Arbitrary bytes after the last frame: CorruptRecord, or cut off with every record
+    kept; never a wrong message."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    base_log.materialize(root)
+    with _segment_path(root, base_log.newest).open("ab") as f:
+        f.write(garbage)
+    outcome = await _outcome(root, read_only=False)
+    if not isinstance(outcome, CorruptRecord):
+        _assert_prefix(outcome, base_log, len(base_log.expected))
+        assert len(outcome) == len(base_log.expected)
+
+
+async def test_a_valid_frame_with_the_wrong_sequence_is_corruption(
+    base_log: BaseLog, tmp_path: Path
+) -> None:
+    """A checksummed frame whose records do not continue the log (here: a copy of the
+    last frame) is not taken as new records, nor cut as torn."""
+    base_log.materialize(tmp_path)
+    last = base_log.frames[-1]
+    copy = base_log.files[last.segment][last.offset : last.end]
+    with _segment_path(tmp_path, base_log.newest).open("ab") as f:
+        f.write(copy)
+    with pytest.raises(CorruptRecord, match="expected"):
+        await walsvc.open_wal(f"file://{tmp_path}", PCHANNEL)
+
+
+# ---------------------------------------------------------------------------------------
+# (e) a bad frame before valid ones in the newest segment
+
+
+def _damage_field(data: bytearray, at: int, field: str, remaining: int) -> None:
+    """Damage one field of the frame header at ``at`` (``remaining`` = bytes from the
+    frame's start to the end of the file)."""
+    length = int.from_bytes(data[at + 8 : at + 12], "little")
+    if field == "magic":
+        data[at] ^= 0x20
+    elif field == "crc":
+        data[at + 5] ^= 0x01
+    elif field == "count":
+        data[at + 12] ^= 0x01
+    elif field == "first_seq":
+        data[at + 16] ^= 0x01
+    elif field == "body":
+        data[at + FRAME_HEADER_SIZE + 3] ^= 0x80
+    else:
+        new_length = {
+            "length-shorter": length - 1,
+            "length-longer": length + 1,
+            "length-past-eof": remaining + 100,
+            "length-huge": 0xFFFF_FF00,
+        }[field]
+        data[at + 8 : at + 12] = new_length.to_bytes(4, "little")
+
+
+FIELDS = [
+    "magic",
+    "crc",
+    "count",
+    "first_seq",
+    "body",
+    "length-shorter",
+    "length-longer",
+    "length-past-eof",
+    "length-huge",
+]
+
+
+@pytest.mark.parametrize("field", FIELDS)
+async def test_a_bad_frame_followed_by_valid_ones_fails_the_open(
+    base_log: BaseLog, tmp_path: Path, field: str
+) -> None:
+    """Damage to any field of a frame that valid frames follow is corruption, reported
+    when the log is opened read-write, not cut off with the acknowledged records after
+    it."""
+    frames = base_log.frames_of(base_log.newest)
+    victim = frames[len(frames) // 2]
+    assert victim != frames[-1]
+    base_log.materialize(tmp_path)
+    path = _segment_path(tmp_path, base_log.newest)
+    data = bytearray(path.read_bytes())
+    _damage_field(data, victim.offset, field, len(data) - victim.offset)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecord):
+        await walsvc.open_wal(f"file://{tmp_path}", PCHANNEL)
+    # Reading it read-only reports it too.
+    assert isinstance(await _outcome(tmp_path, read_only=True), CorruptRecord)
+
+
+@pytest.mark.parametrize("field", FIELDS)
+async def test_a_bad_last_frame_is_cut_or_reported(
+    base_log: BaseLog, tmp_path: Path, field: str
+) -> None:
+    """The same damage to the last frame: a torn write it may be (cut, everything before
+    kept, appends continue) or corruption; never anything else."""
+    last = base_log.frames[-1]
+    base_log.materialize(tmp_path)
+    path = _segment_path(tmp_path, base_log.newest)
+    data = bytearray(path.read_bytes())
+    _damage_field(data, last.offset, field, len(data) - last.offset)
+    path.write_bytes(bytes(data))
+    outcome = await _outcome(tmp_path, read_only=False)
+    if isinstance(outcome, CorruptRecord):
+        return
+    kept = len(base_log.expected) - last.count
+    _assert_prefix(outcome, base_log, kept)
+    assert len(outcome) == kept
+    await _assert_appends_continue(tmp_path, base_log, kept)
