@@ -26,21 +26,19 @@ import contextlib
 import inspect
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from types import TracebackType
-from typing import Final, NamedTuple, NoReturn, final
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, NoReturn, final
 
 from .._deliver import DeliverPolicy
 from .._errors import InvalidArgument, WALClosed, WALError, WALFenced, WALReadOnly, WALTruncated
 from .._ids import MessageId
-from .._message import AppendResult, ImmutableMessage, Message, MessageType
+from .._message import ImmutableMessage, Message, MessageType
 from .._scanner import Scanner
 from .._wal import WAL
+from ._instruments import MARK, Reader, Sent, describe, difference, task_group
 
 __all__ = ("check_backend",)
 
-#: Property key carrying the token of one pchannel's run: the kit's own messages.
-_MARK: Final = "walsvc.testing"
 _ROUNDS: Final = 3
 _PRODUCERS: Final = 5
 _READERS: Final = 2
@@ -82,198 +80,12 @@ async def check_backend(
     if not hang_after > 0:
         raise InvalidArgument(f"hang_after must be positive, not {hang_after!r}")
     run = uuid.uuid4().hex[:12]
-    async with _task_group() as tg:
+    async with task_group() as tg:
         for i in range(pchannels):
             check = _PChannelCheck(
                 open_wal_for, f"conformance-{i}-{run}", message_count, hang_after
             )
             tg.create_task(check.run())
-
-
-class _Sent(NamedTuple):
-    """A message the kit appended and what the WAL acknowledged for it."""
-
-    message: Message
-    result: AppendResult
-    term: int
-    call: int  # which append call; the messages of one append_many share it
-
-
-@contextlib.asynccontextmanager
-async def _task_group() -> AsyncIterator[asyncio.TaskGroup]:
-    """A TaskGroup whose failures surface as the failing task's own exception (an
-    ``AssertionError`` first), not as an exception group the caller must unpack."""
-    try:
-        async with asyncio.TaskGroup() as tg:
-            yield tg
-    except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
-        if not all(isinstance(leaf, Exception) for leaf in leaves):
-            raise
-        first = next((e for e in leaves if isinstance(e, AssertionError)), leaves[0])
-        for other in leaves:
-            if other is not first:
-                first.add_note(f"also failed concurrently: {type(other).__name__}: {other}")
-        raise first from None
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
-
-
-def _describe(message: ImmutableMessage) -> str:
-    return (
-        f"id {message.message_id!r} (type {message.type.name}, vchannel {message.vchannel!r},"
-        f" properties {dict(message.properties)!r})"
-    )
-
-
-def _difference(sent: _Sent, got: ImmutableMessage) -> str | None:
-    """What differs between an acknowledged message and the one read back, or None."""
-    want = sent.message
-    if got.message_id != sent.result.message_id:
-        return (
-            f"expected id {sent.result.message_id!r} (properties id"
-            f" {want.properties['id']!r}), got {_describe(got)}"
-        )
-    diffs = []
-    if got.timetick != sent.result.timetick:
-        diffs.append(f"timetick {got.timetick} != acknowledged {sent.result.timetick}")
-    if got.term != sent.term:
-        diffs.append(f"term {got.term} != writer's term {sent.term}")
-    if got.vchannel != want.vchannel:
-        diffs.append(f"vchannel {got.vchannel!r} != {want.vchannel!r}")
-    if got.type != want.type:
-        diffs.append(f"type {got.type!r} != {want.type!r}")
-    if got.payload != want.payload:
-        at = next(
-            (i for i, (a, b) in enumerate(zip(got.payload, want.payload, strict=False)) if a != b),
-            min(len(got.payload), len(want.payload)),
-        )
-        diffs.append(
-            f"payload of {len(got.payload)} bytes != {len(want.payload)} bytes written,"
-            f" first difference at byte {at}"
-        )
-    if dict(got.properties) != dict(want.properties):
-        diffs.append(f"properties {dict(got.properties)!r} != {dict(want.properties)!r}")
-    if got.idempotency_key != want.idempotency_key:
-        diffs.append(f"idempotency_key {got.idempotency_key!r} != {want.idempotency_key!r}")
-    if not diffs:
-        return None
-    return f"message {got.message_id!r}: " + "; ".join(diffs)
-
-
-@final
-class _Reader:
-    """A scanner under test: checks every delivery as it comes and returns the kit's own
-    messages (those carrying the run's token)."""
-
-    def __init__(
-        self,
-        check: _PChannelCheck,
-        scanner: Scanner,
-        name: str,
-        floor: MessageId | None = None,
-    ) -> None:
-        self._check = check
-        self.scanner = scanner
-        self.name = name
-        self._floor = floor
-        self._delivered = 0
-        self._last: MessageId | None = None
-
-    async def next(self) -> ImmutableMessage:
-        """The next message the kit wrote, checking what comes before it."""
-        async with self.watch():
-            return await self._next()
-
-    async def take(self, count: int) -> list[ImmutableMessage]:
-        """The next ``count`` messages the kit wrote."""
-        async with self.watch():
-            return [await self._next() for _ in range(count)]
-
-    async def until_final(self, round_: int) -> list[ImmutableMessage]:
-        """The kit's messages up to and including the final message of ``round_``."""
-        got = []
-        async with self.watch():
-            while True:
-                message = await self._next()
-                got.append(message)
-                if message.properties.get("final") == str(round_):
-                    return got
-
-    @contextlib.asynccontextmanager
-    async def watch(self) -> AsyncIterator[None]:
-        """Fail, saying how far the scanner got, if reading takes longer than the kit's
-        timeout (one deadline per read, not per message: timers are not free)."""
-        check = self._check
-        deadline = asyncio.timeout(check.timeout)
-        try:
-            async with deadline:
-                yield
-        except TimeoutError:
-            if deadline.expired():
-                check.fail(
-                    f"{self.name}: still waiting for a message after {check.timeout} s,"
-                    f" {self._delivered} delivered (last id {self._last!r})"
-                )
-            raise
-
-    async def _next(self) -> ImmutableMessage:
-        check = self._check
-        while True:
-            try:
-                message = await anext(self.scanner)
-            except StopAsyncIteration:
-                check.fail(
-                    f"{self.name}: iteration ended after {self._delivered} messages although"
-                    " nobody closed the scanner"
-                )
-            except (AssertionError, asyncio.CancelledError):
-                raise
-            except Exception as exc:
-                check.fail(
-                    f"{self.name}: reading raised {type(exc).__name__}: {exc} after"
-                    f" {self._delivered} messages (last id {self._last!r})",
-                    exc,
-                )
-            if not isinstance(message, ImmutableMessage):
-                check.fail(f"{self.name}: delivered {message!r}, not a walsvc.ImmutableMessage")
-            message_id = message.message_id
-            if self._last is not None and not self._last < message_id:
-                check.fail(
-                    f"{self.name}: ids not strictly increasing: delivery #{self._delivered}"
-                    f" is {_describe(message)} after id {self._last!r}"
-                )
-            if self._floor is not None and message_id <= self._floor:
-                check.fail(
-                    f"{self.name}: delivered {_describe(message)}, at or before the"
-                    f" truncation point {self._floor!r}"
-                )
-            self._delivered += 1
-            self._last = message_id
-            if message.properties.get(_MARK) == check.token:
-                return message
-            if not message.type.is_system:
-                check.fail(
-                    f"{self.name}: delivered {_describe(message)}, which the kit never wrote"
-                    " and which is not a system message"
-                )
-
-    async def __aenter__(self) -> _Reader:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.scanner.aclose()
 
 
 @final
@@ -294,7 +106,7 @@ class _PChannelCheck:
         self._count = message_count
         self._calls = itertools.count()
         self._last_term = 0
-        self.written: list[_Sent] = []
+        self.written: list[Sent] = []
 
     def fail(self, text: str, cause: BaseException | None = None) -> NoReturn:
         raise AssertionError(f"pchannel {self.pchannel!r}: {text}") from cause
@@ -329,7 +141,7 @@ class _PChannelCheck:
             payload=payload,
             vchannel=_VCHANNELS[i % len(_VCHANNELS)],
             type=_TYPES[i % len(_TYPES)] if type_ is None else type_,
-            properties={"id": f"{label}.{i}", "const": "t", _MARK: self.token, **extra},
+            properties={"id": f"{label}.{i}", "const": "t", MARK: self.token, **extra},
         )
 
     async def open(self, *, read_only: bool, when: str = "") -> WAL:
@@ -358,10 +170,10 @@ class _PChannelCheck:
             raise
         return wal
 
-    def reader(self, wal: WAL, deliver: DeliverPolicy, name: str) -> _Reader:
-        return _Reader(self, wal.read(deliver), f"{name} [{deliver.kind}]")
+    def reader(self, wal: WAL, deliver: DeliverPolicy, name: str) -> Reader:
+        return Reader(self, wal.read(deliver), f"{name} [{deliver.kind}]")
 
-    def record(self, sent: Sequence[_Sent]) -> None:
+    def record(self, sent: Sequence[Sent]) -> None:
         """Add acknowledged messages (in id order) to ``written``, checking that ids and
         timeticks keep increasing."""
         previous = self.written[-1] if self.written else None
@@ -382,17 +194,17 @@ class _PChannelCheck:
             previous = item
         self.written.extend(sent)
 
-    async def append(self, wal: WAL, message: Message) -> _Sent:
+    async def append(self, wal: WAL, message: Message) -> Sent:
         async with self.step("append"):
             result = await wal.append(message)
-        sent = _Sent(message, result, wal.term, next(self._calls))
+        sent = Sent(message, result, wal.term, next(self._calls))
         self.record([sent])
         return sent
 
-    def same(self, what: str, expected: Sequence[_Sent], got: Sequence[ImmutableMessage]) -> None:
+    def same(self, what: str, expected: Sequence[Sent], got: Sequence[ImmutableMessage]) -> None:
         """Fail unless ``got`` is exactly ``expected``, message by message."""
         for index, (sent, message) in enumerate(zip(expected, got, strict=False)):
-            diff = _difference(sent, message)
+            diff = difference(sent, message)
             if diff is not None:
                 self.fail(f"{what}: first difference at index {index}: {diff}")
         if len(got) < len(expected):
@@ -405,7 +217,7 @@ class _PChannelCheck:
         if len(got) > len(expected):
             self.fail(
                 f"{what}: expected {len(expected)} messages, got {len(got)}; first extra:"
-                f" {_describe(got[len(expected)])}"
+                f" {describe(got[len(expected)])}"
             )
 
     async def expect(self, error: type[WALError], what: str, call: Callable[[], object]) -> None:
@@ -435,7 +247,7 @@ class _PChannelCheck:
         async def read_one() -> None:
             async with wal.read(deliver) as scanner:
                 message = await anext(scanner)
-                self.fail(f"{what}: delivered {_describe(message)}; expected WALTruncated")
+                self.fail(f"{what}: delivered {describe(message)}; expected WALTruncated")
 
         await self.expect(WALTruncated, what, read_one)
 
@@ -456,7 +268,7 @@ class _PChannelCheck:
             self.reader(wal, DeliverPolicy.all(), f"round {round_} scanner {k}")
             for k in range(_READERS)
         ]
-        async with _task_group() as tg:
+        async with task_group() as tg:
             produced = tg.create_task(self.produce(wal, round_))
             reads = [tg.create_task(self.read_all(r, round_)) for r in readers]
 
@@ -485,18 +297,18 @@ class _PChannelCheck:
 
         await self.latest(wal, round_)
 
-    async def produce(self, wal: WAL, round_: int) -> list[_Sent]:
+    async def produce(self, wal: WAL, round_: int) -> list[Sent]:
         """Append ``message_count`` messages from concurrent producers, then the round's
         final TIME_TICK-type message; return what was acknowledged."""
         label = f"r{round_}"
         last = self._count - 1
-        sent: list[_Sent] = []
+        sent: list[Sent] = []
 
         async def one_by_one(indices: Sequence[int]) -> None:
             for i in indices:
                 message = self.message(label, i)
                 result = await wal.append(message)
-                sent.append(_Sent(message, result, wal.term, next(self._calls)))
+                sent.append(Sent(message, result, wal.term, next(self._calls)))
 
         async def in_batches(indices: Sequence[int]) -> None:
             size, pos = 1, 0
@@ -506,27 +318,25 @@ class _PChannelCheck:
                 if len(results) != len(batch):
                     self.fail(f"append_many of {len(batch)} messages returned {len(results)}")
                 call = next(self._calls)
-                sent.extend(
-                    _Sent(m, r, wal.term, call) for m, r in zip(batch, results, strict=True)
-                )
+                sent.extend(Sent(m, r, wal.term, call) for m, r in zip(batch, results, strict=True))
                 pos += size
                 size = size % 8 + 1
 
         async with self.step(f"round {round_}: {_PRODUCERS} producers appending"):
-            async with _task_group() as tg:
+            async with task_group() as tg:
                 for p in range(_PRODUCERS):
                     indices = range(p, last, _PRODUCERS)
                     tg.create_task(in_batches(indices) if p % 2 else one_by_one(indices))
             final = self.message(label, last, type_=MessageType.TIME_TICK, final=str(round_))
             result = await wal.append(final)
-        sent.append(_Sent(final, result, wal.term, next(self._calls)))
+        sent.append(Sent(final, result, wal.term, next(self._calls)))
         return sent
 
-    async def read_all(self, reader: _Reader, round_: int) -> list[ImmutableMessage]:
+    async def read_all(self, reader: Reader, round_: int) -> list[ImmutableMessage]:
         async with reader:
             return await reader.until_final(round_)
 
-    def check_contiguous(self, in_call_order: Sequence[_Sent], new: Sequence[_Sent]) -> None:
+    def check_contiguous(self, in_call_order: Sequence[Sent], new: Sequence[Sent]) -> None:
         """The messages of one ``append_many`` call land contiguously and in call order;
         ``new`` is ``in_call_order`` sorted by id."""
         position = {s.result.message_id: i for i, s in enumerate(new)}
@@ -549,7 +359,7 @@ class _PChannelCheck:
                 done, _ = await asyncio.wait({pending}, timeout=_QUIET)
                 if done:
                     self.fail(
-                        f"{reader.name}: delivered {_describe(pending.result())} although"
+                        f"{reader.name}: delivered {describe(pending.result())} although"
                         " nothing was appended after the scanner was created"
                     )
                 sent = await self.append(wal, self.message(f"r{round_}-latest", 1))
@@ -564,7 +374,7 @@ class _PChannelCheck:
             except TimeoutError:
                 pass
             else:
-                self.fail(f"{reader.name}: delivered {_describe(early)} out of nowhere")
+                self.fail(f"{reader.name}: delivered {describe(early)} out of nowhere")
             sent = await self.append(wal, self.message(f"r{round_}-latest", 2))
             self.same(
                 f"{reader.name}, after a read was cancelled by a deadline",
@@ -601,9 +411,7 @@ class _PChannelCheck:
             async with self.step("append_many"):
                 results = await first.append_many(batch)
             call = next(self._calls)
-            self.record(
-                [_Sent(m, r, first.term, call) for m, r in zip(batch, results, strict=True)]
-            )
+            self.record([Sent(m, r, first.term, call) for m, r in zip(batch, results, strict=True)])
             async with await self.open(read_only=False) as second:
                 message = self.message("fenced", 0)
                 await self.expect(
@@ -657,14 +465,14 @@ class _PChannelCheck:
                 if ended is not None:
                     self.fail(
                         "a pending read on a scanner its owner closed delivered"
-                        f" {_describe(ended)} instead of ending the iteration"
+                        f" {describe(ended)} instead of ending the iteration"
                     )
                 for name, scanner in (("pending", owned), ("buffered", owned_buffered)):
                     async with self.step("iterating a closed scanner"):
                         left = [m async for m in scanner]
                     if left:
                         self.fail(
-                            f"a {name} scanner its owner closed delivered {_describe(left[0])}"
+                            f"a {name} scanner its owner closed delivered {describe(left[0])}"
                             " instead of ending the iteration"
                         )
                 async with self.step("closing the WAL"):
@@ -752,7 +560,7 @@ class _PChannelCheck:
             (DeliverPolicy.all(), self.written),
             (DeliverPolicy.start_after(cut), self.written),
         ):
-            reader = _Reader(self, wal.read(deliver), f"{what} [{deliver.kind}]", floor=cut)
+            reader = Reader(self, wal.read(deliver), f"{what} [{deliver.kind}]", floor=cut)
             async with reader:
                 got = await reader.take(len(expected))
             self.same(reader.name, expected, got)
