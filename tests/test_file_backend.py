@@ -607,8 +607,9 @@ async def test_close_drains_queued_appends(tmp_path: Path, seed: random.Random) 
     racing = [asyncio.ensure_future(append(m)) for m in messages[200:250]]
     closing = asyncio.ensure_future(wal.aclose())
     late = [asyncio.ensure_future(append(m)) for m in messages[250:]]
-    outcomes = await asyncio.gather(*queued, *racing, *late, return_exceptions=True)
-    await closing
+    async with asyncio.timeout(30):  # an append that never resolves fails the test
+        outcomes = await asyncio.gather(*queued, *racing, *late, return_exceptions=True)
+        await closing
 
     assert all(isinstance(o, AppendResult) for o in outcomes[:200]), [
         o for o in outcomes[:200] if not isinstance(o, AppendResult)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -502,6 +503,31 @@ async def _check_torn_tail(base: BaseLog, root: Path, torn: bytes) -> None:
     await _assert_appends_continue(root, base, everything)
 
 
+@pytest.mark.parametrize("embedded", ["an old frame", "the log's own frames"])
+async def test_a_torn_write_carrying_frames_in_its_payload_is_cut(
+    base_log: BaseLog, tmp_path: Path, embedded: str
+) -> None:
+    """Payloads are opaque: one may hold walsvc frames (a segment being archived or
+    replicated through the log). When the append carrying it is torn by a crash, the
+    frames inside its payload are not "valid frames following" a damaged one: the torn
+    write is still cut, and the log opens."""
+    if embedded == "an old frame":
+        inner = encode_frames(
+            0, [encode(Message(payload=b"old", vchannel="b"), timetick=1, term=1)]
+        )
+    else:
+        inner = base_log.files[base_log.newest]  # valid frames, numbered below the torn one
+    record = encode(
+        Message(payload=b"P" * 10 + inner + b"Q" * 5000, vchannel="torn"),
+        timetick=base_log.expected[-1][1] + 1,
+        term=base_log.term,
+    )
+    frame = encode_frames(len(base_log.expected), [record])
+    cut = FRAME_HEADER_SIZE + 36 + 4 + 10 + len(inner) + 100  # past the embedded frames
+    assert cut < len(frame)
+    await _check_torn_tail(base_log, tmp_path, frame[:cut])
+
+
 @pytest.mark.parametrize("written", [1, 3, 4, 8, 11])
 async def test_a_torn_frame_header_followed_by_zeros_is_cut(
     base_log: BaseLog, tmp_path: Path, written: int
@@ -624,3 +650,57 @@ async def test_a_bad_last_frame_is_cut_or_reported(
     _assert_prefix(outcome, base_log, kept)
     assert len(outcome) == kept
     await _assert_appends_continue(tmp_path, base_log, kept)
+
+
+# ---------------------------------------------------------------------------------------
+# A damaged length in a big segment
+
+
+_READ_UNDER_A_MEMORY_LIMIT = """
+import asyncio, resource, sys
+import walsvc
+
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB of address space
+
+async def main(url, read_only):
+    async with await walsvc.open_wal(url, "p", read_only=read_only) as wal:
+        async with wal.read() as scanner:
+            async for _ in scanner:
+                pass
+
+try:
+    asyncio.run(main(sys.argv[1], sys.argv[2] == "ro"))
+except walsvc.CorruptRecord:
+    print("CorruptRecord")
+except BaseException as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+async def test_a_huge_damaged_length_is_not_allocated(tmp_path: Path, read_only: bool) -> None:
+    """A frame length damaged to ~4 GiB in a segment larger than one read block (1 MiB)
+    is corruption; the reader must not try to allocate what the file cannot hold (here:
+    under a 1 GiB address-space limit, where that would be a MemoryError)."""
+    url = f"file://{tmp_path}"
+    async with await walsvc.open_wal(url, "p", segment_size=8 * 1024 * 1024) as wal:
+        for i in range(5):
+            await wal.append(Message(payload=bytes([i]) * 400_000, vchannel="v"))
+    [segment] = [n for n in os.listdir(tmp_path / "p") if segment_seq(n) is not None]
+    path = tmp_path / "p" / segment
+    data = bytearray(path.read_bytes())
+    assert len(data) > 1024 * 1024
+    data[8:12] = (0xFFFF_FF00).to_bytes(4, "little")  # the first frame's body length
+    path.write_bytes(bytes(data))
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _READ_UNDER_A_MEMORY_LIMIT,
+        url,
+        "ro" if read_only else "rw",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        out, err = await child.communicate()
+    assert out.decode().strip() == "CorruptRecord", (out + err).decode(errors="replace")[-2000:]

@@ -3,6 +3,11 @@ from concurrent producers and reports every acknowledgement; the test kills it w
 SIGKILL at a random moment (after a random number of acks, at a random time, or while it
 opens and recovers the log), then checks the log it left, over and over on one directory.
 
+A killed process leaves whole writes behind (the page cache survives it), so in some rounds
+the test also plays a machine crash on top: it drops what was written after the durable
+end the head file published, and leaves a torn last write (a prefix of a frame, a frame
+zeroed from some point on, or zeros), which recovery must cut.
+
 After every kill:
 
 - read-only, before any recovery, and read-write, after recovery: every acknowledged

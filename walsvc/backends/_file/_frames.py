@@ -81,8 +81,11 @@ def read_frames(fd: int, offset: int, block_size: int = BLOCK_SIZE) -> FrameBloc
 
 
 def _read_one_large_frame(fd: int, header: FrameHeader) -> FrameBlock:
-    """Read a frame larger than a block on its own."""
+    """Read a frame larger than a block on its own. A length that runs past the end of
+    the file (a torn write, or a damaged length) is never allocated."""
     size = FRAME_HEADER_SIZE + header.body_length
+    if header.end > os.fstat(fd).st_size:
+        return FrameBlock([], header.offset, "partial", bad_end=header.end)
     view = memoryview(os.pread(fd, size, header.offset))
     if len(view) < size:
         return FrameBlock([], header.offset, "partial", bad_end=header.end)

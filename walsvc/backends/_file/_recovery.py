@@ -71,7 +71,7 @@ def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[in
         offset = block.next_offset
         if block.stop == "block":
             continue
-        if block.stop in ("bad", "partial") and not _is_torn(fd, offset):
+        if block.stop in ("bad", "partial") and not _is_torn(fd, offset, next_seq):
             error = block.error or f"frame at offset {offset} runs past the end of the file"
             raise CorruptRecord(f"{path}: {error}; valid frames follow it") from None
         if block.stop != "eof":
@@ -81,9 +81,11 @@ def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[in
         return offset, next_seq, last_timetick
 
 
-def _is_torn(fd: int, offset: int) -> bool:
+def _is_torn(fd: int, offset: int, next_seq: int) -> bool:
     """A crash mid-write leaves a prefix of the last frame and nothing after it, so the bad
-    frame at ``offset`` is torn unless some valid frame follows it."""
+    frame at ``offset`` (which would start at record ``next_seq``) is torn unless a valid
+    frame follows it that continues the numbering. Frames that merely appear inside a
+    payload (an archived segment, say) carry other numbers and do not count."""
     data = os.pread(fd, os.fstat(fd).st_size - offset, offset)
     rest = memoryview(data)
     at = data.find(MAGIC, 1)
@@ -91,7 +93,7 @@ def _is_torn(fd: int, offset: int) -> bool:
         if len(rest) - at >= FRAME_HEADER_SIZE:
             header = parse_frame_header(rest, at, offset + at)
             body = rest[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + header.body_length]
-            if len(body) == header.body_length:
+            if len(body) == header.body_length and header.first_seq > next_seq:
                 try:
                     verify_frame(header, body)
                 except CorruptRecord:
