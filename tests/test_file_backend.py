@@ -294,6 +294,40 @@ async def test_a_scanner_behind_a_truncation_never_skips(
         log.check(await _read_all(wal), start=cut + 1)
 
 
+async def test_a_scanner_starting_while_its_segment_is_deleted(
+    tmp_path: Path, seed: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A starting scanner lists the segment files, then opens the one holding its first
+    record. A truncation (in the writer's thread, or another process) can delete that file
+    in between: the scanner must report WALTruncated, not a raw FileNotFoundError. The race
+    is made to happen: the truncation runs right after the scanner lists the directory."""
+    async with await walsvc.open_wal(_url(tmp_path), "p", segment_size=SMALL_SEGMENT) as wal:
+        await _fill(wal, Log(), seed, 100)
+        starts = [segment_seq(p.name) for p in _segments(tmp_path)]
+        assert starts[0] == 0
+        assert starts[1] is not None
+        writer = wal.backend._writer  # type: ignore[attr-defined]
+        real_listdir = os.listdir
+        raced = []
+
+        def listdir_racing_a_truncation(path: Any) -> list[str]:
+            names = real_listdir(path)
+            if not raced and Path(path) == tmp_path / "p":
+                raced.append(path)
+                writer._truncate(starts[1])  # what truncate() runs in its worker thread
+            return names
+
+        monkeypatch.setattr(os, "listdir", listdir_racing_a_truncation)
+        with pytest.raises(WALTruncated):
+            async with wal.read(DeliverPolicy.start_from(FileMessageId(0))) as scanner:
+                await _take(scanner, 1, within=5)
+        assert raced
+        monkeypatch.undo()
+        async with wal.read() as scanner:
+            [first] = await _take(scanner, 1)
+        assert _seq(first.message_id) == starts[1] + 1
+
+
 # ---------------------------------------------------------------------------------------
 # Seeks
 

@@ -297,13 +297,14 @@ async def test_truncating_an_older_segment_is_corruption(
         assert isinstance(outcome, CorruptRecord), f"read_only={read_only}: no error"
 
 
-@pytest.mark.parametrize("where", ["empty", "frame-boundary", "missing"])
+@pytest.mark.parametrize("where", ["empty", "frame-boundary", "missing", "first-missing"])
 async def test_records_missing_from_an_older_segment_are_corruption(
     base_log: BaseLog, tmp_path: Path, where: str
 ) -> None:
-    """The deterministic cases of the property above, and a segment file gone from the
-    middle: reading reports CorruptRecord; it neither hangs nor blames a truncation."""
-    segment = base_log.segments[1]
+    """The deterministic cases of the property above, and a segment file gone (from the
+    middle, or the first one, which no truncation removed: the head file says the log
+    starts at 0): reading reports CorruptRecord; it neither hangs nor blames a truncation."""
+    segment = base_log.segments[0 if where == "first-missing" else 1]
     base_log.materialize(tmp_path)
     path = _segment_path(tmp_path, segment)
     if where == "empty":
@@ -503,7 +504,9 @@ async def _check_torn_tail(base: BaseLog, root: Path, torn: bytes) -> None:
     await _assert_appends_continue(root, base, everything)
 
 
-@pytest.mark.parametrize("embedded", ["an old frame", "the log's own frames"])
+@pytest.mark.parametrize(
+    "embedded", ["an old frame", "the log's own frames", "a busier log's frames"]
+)
 async def test_a_torn_write_carrying_frames_in_its_payload_is_cut(
     base_log: BaseLog, tmp_path: Path, embedded: str
 ) -> None:
@@ -515,8 +518,13 @@ async def test_a_torn_write_carrying_frames_in_its_payload_is_cut(
         inner = encode_frames(
             0, [encode(Message(payload=b"old", vchannel="b"), timetick=1, term=1)]
         )
-    else:
+    elif embedded == "the log's own frames":
         inner = base_log.files[base_log.newest]  # valid frames, numbered below the torn one
+    else:  # numbered above it, consecutively, as another pchannel's segment would be
+        records = [encode(Message(payload=b"busy", vchannel="b"), timetick=1, term=1)] * 3
+        inner = b"".join(
+            encode_frames(len(base_log.expected) + 1000 + 3 * k, records) for k in range(4)
+        )
     record = encode(
         Message(payload=b"P" * 10 + inner + b"Q" * 5000, vchannel="torn"),
         timetick=base_log.expected[-1][1] + 1,
@@ -610,19 +618,24 @@ FIELDS = [
 ]
 
 
+@pytest.mark.parametrize("then_a_torn_write", [False, True], ids=["alone", "then-torn"])
 @pytest.mark.parametrize("field", FIELDS)
 async def test_a_bad_frame_followed_by_valid_ones_fails_the_open(
-    base_log: BaseLog, tmp_path: Path, field: str
+    base_log: BaseLog, tmp_path: Path, field: str, then_a_torn_write: bool
 ) -> None:
     """Damage to any field of a frame that valid frames follow is corruption, reported
     when the log is opened read-write, not cut off with the acknowledged records after
-    it."""
+    it; also when a crash then tore the last append (damage and a crash are independent:
+    the torn write must not make the damage look like one)."""
     frames = base_log.frames_of(base_log.newest)
     victim = frames[len(frames) // 2]
     assert victim != frames[-1]
     base_log.materialize(tmp_path)
     path = _segment_path(tmp_path, base_log.newest)
     data = bytearray(path.read_bytes())
+    if then_a_torn_write:
+        torn = _torn_frame(base_log)
+        data += torn[: len(torn) // 2]
     _damage_field(data, victim.offset, field, len(data) - victim.offset)
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptRecord):

@@ -82,23 +82,47 @@ def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[in
 
 
 def _is_torn(fd: int, offset: int, next_seq: int) -> bool:
-    """A crash mid-write leaves a prefix of the last frame and nothing after it, so the bad
-    frame at ``offset`` (which would start at record ``next_seq``) is torn unless a valid
-    frame follows it that continues the numbering. Frames that merely appear inside a
-    payload (an archived segment, say) carry other numbers and do not count."""
+    """A crash mid-write leaves a prefix of the last frame (perhaps then zeros) and
+    nothing else, so the bad frame at ``offset`` (which would start at record
+    ``next_seq``) is torn unless what follows it holds the rest of a log: a chain of
+    valid, consecutively numbered frames, numbered past ``next_seq``, that runs to the
+    end of the file (or to zeros, or to a torn prefix of its next frame). Frames that
+    merely appear inside a torn payload are followed by more payload bytes, so their
+    chain breaks before the end and they do not count."""
     data = os.pread(fd, os.fstat(fd).st_size - offset, offset)
-    rest = memoryview(data)
     at = data.find(MAGIC, 1)
     while at != -1:
-        if len(rest) - at >= FRAME_HEADER_SIZE:
-            header = parse_frame_header(rest, at, offset + at)
-            body = rest[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + header.body_length]
-            if len(body) == header.body_length and header.first_seq > next_seq:
-                try:
-                    verify_frame(header, body)
-                except CorruptRecord:
-                    pass
-                else:
-                    return False
+        if _chain_reaches_end(data, at, next_seq):
+            return False
         at = data.find(MAGIC, at + 1)
     return True
+
+
+def _chain_reaches_end(data: bytes, at: int, after_seq: int) -> bool:
+    view = memoryview(data)
+    expected: int | None = None
+    while True:
+        if at == len(data) or (data[at] == 0 and not data[at:].strip(b"\0")):
+            return expected is not None  # the chain reached the end (or only zeros remain)
+        if len(view) - at < FRAME_HEADER_SIZE:
+            # The log's own torn tail: a prefix of a header, after a valid chain.
+            return expected is not None and MAGIC.startswith(data[at : at + 4])
+        try:
+            header = parse_frame_header(view, at, at)
+        except CorruptRecord:
+            return False
+        body = view[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + header.body_length]
+        if len(body) != header.body_length:
+            # The log's own torn tail: the next frame, cut short by the end of the file.
+            return expected is not None and header.first_seq == expected
+        if expected is None:
+            if header.first_seq <= after_seq:
+                return False
+        elif header.first_seq != expected:
+            return False
+        try:
+            verify_frame(header, body)
+        except CorruptRecord:
+            return False
+        expected = header.end_seq
+        at += FRAME_HEADER_SIZE + header.body_length

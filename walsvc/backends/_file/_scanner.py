@@ -114,21 +114,38 @@ class FileScanner(BackendScanner):
             raise CorruptRecord(f"{path}: record {self._offset_seq} is durable but incomplete")
 
     def _position(self, first_retained: int) -> None:
-        """Open the segment holding ``_deliver_from`` at the nearest indexed frame."""
+        """Open the segment holding ``_deliver_from`` at the nearest indexed frame.
+
+        Whether a missing position was truncated is the head file's call (truncation
+        records the new start before deleting segments); anything else missing is
+        corruption.
+        """
         directory = self._backend.directory
         target = self._deliver_from
-        if target < first_retained:
-            raise WALTruncated(
-                f"file WAL {directory.path}: record {target} was truncated; the log now"
-                f" starts at {first_retained}"
-            )
-        segments = directory.segments()
-        i = bisect.bisect_right(segments, target) - 1
-        if i < 0:
-            raise WALTruncated(f"file WAL {directory.path}: record {target} is not retained")
-        segment = segments[i]
-        self._open_segment(segment)
-        self._offset_seq, self._offset = directory.index.floor(segment, target)
+        for _ in range(3):  # a concurrent truncation may delete the segment picked
+            if target < first_retained:
+                raise WALTruncated(
+                    f"file WAL {directory.path}: record {target} was truncated; the log now"
+                    f" starts at {first_retained}"
+                )
+            segments = directory.segments()
+            i = bisect.bisect_right(segments, target) - 1
+            if i >= 0:
+                try:
+                    self._open_segment(segments[i])
+                except FileNotFoundError:
+                    pass
+                else:
+                    self._offset_seq, self._offset = directory.index.floor(segments[i], target)
+                    return
+            state = directory.head.read()
+            if state.first_seq == first_retained:
+                raise CorruptRecord(
+                    f"file WAL {directory.path}: no segment holds record {target}, which was"
+                    f" never truncated (the log starts at {first_retained})"
+                )
+            first_retained = state.first_seq
+        raise WALTruncated(f"file WAL {directory.path}: record {target} is being truncated")
 
     def _next_segment(self) -> None:
         """The current segment is exhausted and the log goes on: open the next one, which
