@@ -28,9 +28,19 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+from collections.abc import Awaitable
+from typing import Any
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
+
+
+def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
+    """A bare WAL (no interceptors): the log holds exactly what the test appends, with no
+    TimeTicks, because these tests are about the backend underneath."""
+    kwargs.setdefault("interceptors", [])
+    return walsvc.open_wal(*args, **kwargs)
+
 
 PCHANNEL = "crash"
 #: The producer number of messages the parent test appends between rounds.
@@ -86,9 +96,7 @@ async def _write(
 ) -> None:
     rng = random.Random(seed)
     _say("OPENING")
-    wal = await walsvc.open_wal(
-        f"file://{directory}", PCHANNEL, sync="always", segment_size=segment_size
-    )
+    wal = await open_bare(f"file://{directory}", PCHANNEL, sync="always", segment_size=segment_size)
     _say(f"READY {wal.term}")
 
     async def produce(producer: int) -> None:
@@ -120,9 +128,7 @@ async def _write(
 
 
 async def _read(directory: str) -> None:
-    wal = await walsvc.open_wal(
-        f"file://{directory}", PCHANNEL, read_only=True, poll_interval=0.005
-    )
+    wal = await open_bare(f"file://{directory}", PCHANNEL, read_only=True, poll_interval=0.005)
     _say("READY 0")
     async with wal.read(DeliverPolicy.all()) as scanner:
         async for message in scanner:
@@ -135,7 +141,7 @@ async def _read(directory: str) -> None:
 
 
 async def _append(directory: str, count: int) -> None:
-    async with await walsvc.open_wal(f"file://{directory}", PCHANNEL) as wal:
+    async with await open_bare(f"file://{directory}", PCHANNEL) as wal:
         _say(f"READY {wal.term}")
         for seq in range(count):
             result = await wal.append(expected_message(-1, PARENT, seq))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,13 @@ from walsvc import (
 )
 from walsvc.backends._memory import MemoryMessageId
 from walsvc.testing import memory_wal
+
+
+def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
+    """A bare WAL (no interceptors): the log holds exactly what the test appends, with no
+    TimeTicks, because these tests are about the backend underneath."""
+    kwargs.setdefault("interceptors", [])
+    return walsvc.open_wal(*args, **kwargs)
 
 
 def fresh_url() -> str:
@@ -94,11 +101,12 @@ def test_valid_message_edges() -> None:
 
 async def test_append_rejects_what_is_not_a_message() -> None:
     async with await memory_wal() as wal:
+        opened_at = await wal.latest_message_id()  # the opening TimeTick
         with pytest.raises(TypeError, match=r"append takes walsvc.Message, not dict"):
             await wal.append({"payload": b"x", "vchannel": "v"})  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"not bytes"):
             await wal.append_many([b"x"])  # type: ignore[list-item]
-        assert await wal.latest_message_id() is None
+        assert await wal.latest_message_id() == opened_at
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,7 +114,7 @@ async def test_append_rejects_what_is_not_a_message() -> None:
 
 
 async def test_message_too_large_writes_nothing() -> None:
-    async with await memory_wal(max_message_size=1024) as wal:
+    async with await memory_wal(max_message_size=1024, interceptors=[]) as wal:
         with pytest.raises(MessageTooLarge, match=r"exceeds max_message_size 1024") as info:
             await wal.append(Message(payload=bytes(2000), vchannel="v"))
         assert "2000" in str(info.value)
@@ -126,7 +134,7 @@ async def test_message_too_large_writes_nothing() -> None:
 
 
 async def test_message_at_the_limit_is_accepted() -> None:
-    async with await memory_wal(max_message_size=1024) as wal:
+    async with await memory_wal(max_message_size=1024, interceptors=[]) as wal:
         # Find the largest payload that fits, then one byte more must not.
         message = Message(payload=b"", vchannel="v")
         overhead = len(walsvc._codec.encode(message, timetick=1, term=1))
@@ -151,7 +159,7 @@ async def test_message_at_the_limit_is_accepted() -> None:
 )
 async def test_unknown_backend(url: str, complaint: str) -> None:
     with pytest.raises(UnknownBackend, match=complaint):
-        await walsvc.open_wal(url, "p")
+        await open_bare(url, "p")
 
 
 def test_unknown_scheme_in_a_marshalled_id() -> None:
@@ -235,36 +243,36 @@ def test_registering_a_taken_scheme_is_an_error() -> None:
 )
 async def test_bad_pchannel_names(pchannel: str) -> None:
     with pytest.raises(InvalidArgument, match=r"pchannel .* must be 1-200 characters"):
-        await walsvc.open_wal(fresh_url(), pchannel)
+        await open_bare(fresh_url(), pchannel)
 
 
 @pytest.mark.parametrize("pchannel", [None, 7, b"p"])
 async def test_pchannel_must_be_str(pchannel: object) -> None:
     with pytest.raises(InvalidArgument, match=r"pchannel"):
-        await walsvc.open_wal(fresh_url(), pchannel)  # type: ignore[arg-type]
+        await open_bare(fresh_url(), pchannel)  # type: ignore[arg-type]
 
 
 async def test_good_pchannel_names() -> None:
     for pchannel in ("a", "0", "A.b_c-d", "x" * 200):
-        async with await walsvc.open_wal(fresh_url(), pchannel) as wal:
+        async with await open_bare(fresh_url(), pchannel) as wal:
             assert wal.pchannel == pchannel
 
 
 @pytest.mark.parametrize("size", [0, 63, -1, "big", 1.5, None])
 async def test_bad_max_message_size(size: object) -> None:
     with pytest.raises(InvalidArgument, match=r"max_message_size must be an int >= 64"):
-        await walsvc.open_wal(fresh_url(), "p", max_message_size=size)  # type: ignore[arg-type]
+        await open_bare(fresh_url(), "p", max_message_size=size)  # type: ignore[arg-type]
 
 
 async def test_invalid_argument_is_a_value_error() -> None:
     assert issubclass(InvalidArgument, ValueError)
     with pytest.raises(ValueError, match=r"pchannel"):
-        await walsvc.open_wal(fresh_url(), "")
+        await open_bare(fresh_url(), "")
 
 
 async def test_unknown_memory_option_is_a_type_error() -> None:
     with pytest.raises(TypeError, match=r"unknown option.*for memory:// WALs: colour"):
-        await walsvc.open_wal(fresh_url(), "p", colour="blue")
+        await open_bare(fresh_url(), "p", colour="blue")
 
 
 async def test_bad_deliver_policy_and_filters() -> None:
@@ -343,9 +351,9 @@ async def test_scanner_closed_by_its_owner_ends() -> None:
 
 async def test_read_only_wal_refuses_writes() -> None:
     url = fresh_url()
-    async with await walsvc.open_wal(url, "p") as writer:
+    async with await open_bare(url, "p") as writer:
         result = await writer.append(Message(payload=b"x", vchannel="v"))
-    async with await walsvc.open_wal(url, "p", read_only=True) as wal:
+    async with await open_bare(url, "p", read_only=True) as wal:
         assert wal.read_only
         assert wal.term == 0
         message = Message(payload=b"", vchannel="v")
@@ -360,9 +368,9 @@ async def test_read_only_wal_refuses_writes() -> None:
 
 async def test_fenced_writer_cannot_append() -> None:
     url = fresh_url()
-    old = await walsvc.open_wal(url, "p")
+    old = await open_bare(url, "p")
     acked = await old.append(Message(payload=b"old", vchannel="v"))
-    async with await walsvc.open_wal(url, "p") as new:
+    async with await open_bare(url, "p") as new:
         assert new.term > old.term
         with pytest.raises(WALFenced, match=f"term {old.term} was fenced by term {new.term}"):
             await old.append(Message(payload=b"lost", vchannel="v"))
@@ -380,9 +388,9 @@ async def test_fenced_writer_cannot_append() -> None:
 async def test_fenced_writer_cannot_truncate() -> None:
     """Truncation is a write: a fenced writer must not drop what the new writer owns."""
     url = fresh_url()
-    old = await walsvc.open_wal(url, "p")
+    old = await open_bare(url, "p")
     acked = await old.append(Message(payload=b"old", vchannel="v"))
-    async with await walsvc.open_wal(url, "p"):
+    async with await open_bare(url, "p"):
         with pytest.raises(WALFenced):
             await old.truncate(acked.message_id)
     await old.aclose()

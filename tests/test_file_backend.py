@@ -11,7 +11,7 @@ import asyncio
 import os
 import random
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,14 @@ from walsvc import (
 )
 from walsvc.backends._file import FileMessageId
 from walsvc.backends._file._format import parse_frame_header, segment_seq
+
+
+def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
+    """A bare WAL (no interceptors): the log holds exactly what the test appends, with no
+    TimeTicks, because these tests are about the backend underneath."""
+    kwargs.setdefault("interceptors", [])
+    return walsvc.open_wal(*args, **kwargs)
+
 
 CHILD = Path(__file__).with_name("_crash_child.py")
 SMALL_SEGMENT = 4096
@@ -150,7 +158,7 @@ def _frames(path: Path) -> list[tuple[int, int, int]]:
 async def test_segments_roll_once_they_reach_segment_size(
     tmp_path: Path, seed: random.Random
 ) -> None:
-    async with await walsvc.open_wal(_url(tmp_path), "p", segment_size=SMALL_SEGMENT) as wal:
+    async with await open_bare(_url(tmp_path), "p", segment_size=SMALL_SEGMENT) as wal:
         log = Log()
         await _fill(wal, log, seed, 200)
         # One batch much bigger than a segment still lands whole in one segment.
@@ -190,7 +198,7 @@ async def test_truncate_deletes_whole_segments_only_and_never_the_newest(
     tmp_path: Path, seed: random.Random
 ) -> None:
     url = _url(tmp_path)
-    async with await walsvc.open_wal(url, "p", segment_size=SMALL_SEGMENT) as wal:
+    async with await open_bare(url, "p", segment_size=SMALL_SEGMENT) as wal:
         log = Log()
         await _fill(wal, log, seed, 300)
         layout = {p.name: _frames(p) for p in _segments(tmp_path)}
@@ -227,7 +235,7 @@ async def test_truncate_deletes_whole_segments_only_and_never_the_newest(
         result = await wal.append(Message(payload=b"next", vchannel="v"))
     assert _seq(result.message_id) == last + 1
     assert result.timetick > log.results[-1].timetick
-    async with await walsvc.open_wal(url, "p", segment_size=SMALL_SEGMENT) as wal:
+    async with await open_bare(url, "p", segment_size=SMALL_SEGMENT) as wal:
         again = await wal.append(Message(payload=b"again", vchannel="v"))
         got = await _read_all(wal)
     assert _seq(again.message_id) == last + 2
@@ -241,12 +249,12 @@ async def test_truncate_deletes_whole_segments_only_and_never_the_newest(
 async def test_truncation_survives_a_reopen(tmp_path: Path, seed: random.Random) -> None:
     url = _url(tmp_path)
     log = Log()
-    async with await walsvc.open_wal(url, "p", segment_size=SMALL_SEGMENT) as wal:
+    async with await open_bare(url, "p", segment_size=SMALL_SEGMENT) as wal:
         await _fill(wal, log, seed, 150)
         cut = 70
         await wal.truncate(FileMessageId(cut))
     for read_only in (True, False):
-        async with await walsvc.open_wal(url, "p", read_only=read_only) as wal:
+        async with await open_bare(url, "p", read_only=read_only) as wal:
             got = await _read_all(wal)
             with pytest.raises(WALTruncated):
                 async with wal.read(DeliverPolicy.start_from(FileMessageId(cut))) as s:
@@ -269,7 +277,7 @@ async def test_a_scanner_behind_a_truncation_never_skips(
 ) -> None:
     """A scanner reading a segment that truncation deletes keeps reading what it has open;
     it then either goes on without a gap or raises WALTruncated, never skipping ids."""
-    async with await walsvc.open_wal(_url(tmp_path), "p", segment_size=SMALL_SEGMENT) as wal:
+    async with await open_bare(_url(tmp_path), "p", segment_size=SMALL_SEGMENT) as wal:
         log = Log()
         await _fill(wal, log, seed, 200)
         starts = [segment_seq(p.name) for p in _segments(tmp_path)]
@@ -301,7 +309,7 @@ async def test_a_scanner_starting_while_its_segment_is_deleted(
     record. A truncation (in the writer's thread, or another process) can delete that file
     in between: the scanner must report WALTruncated, not a raw FileNotFoundError. The race
     is made to happen: the truncation runs right after the scanner lists the directory."""
-    async with await walsvc.open_wal(_url(tmp_path), "p", segment_size=SMALL_SEGMENT) as wal:
+    async with await open_bare(_url(tmp_path), "p", segment_size=SMALL_SEGMENT) as wal:
         await _fill(wal, Log(), seed, 100)
         starts = [segment_seq(p.name) for p in _segments(tmp_path)]
         assert starts[0] == 0
@@ -339,7 +347,7 @@ async def test_seeks_are_exact_everywhere(tmp_path: Path, seed: random.Random) -
     url = _url(tmp_path)
     segment_size = 256 * 1024  # several sparse-index entries (one per 64 KiB) per segment
     log = Log()
-    async with await walsvc.open_wal(url, "p", segment_size=segment_size) as wal:
+    async with await open_bare(url, "p", segment_size=segment_size) as wal:
         while len(log.messages) < 1200:
             n = seed.randint(1, 12)
             batch = [
@@ -370,7 +378,7 @@ async def test_seeks_are_exact_everywhere(tmp_path: Path, seed: random.Random) -
                         log.check(await _take(s, min(3, last - target)), start=target + 1)
 
         await check(wal)  # the writer's own index
-        async with await walsvc.open_wal(url, "p", read_only=True) as fresh:
+        async with await open_bare(url, "p", read_only=True) as fresh:
             await check(fresh)  # nothing indexed yet
             log.check(await _read_all(fresh))
             await check(fresh)  # indexed by that full scan
@@ -384,9 +392,9 @@ async def test_a_reader_in_this_process_is_woken_by_appends(tmp_path: Path) -> N
     """A read-only WAL in the writer's process sees appends at once: with a 60 s poll
     interval, only the in-process wakeup can deliver them within the timeout."""
     url = _url(tmp_path)
-    async with await walsvc.open_wal(url, "p") as writer:
+    async with await open_bare(url, "p") as writer:
         first = await writer.append(Message(payload=b"0", vchannel="v"))
-        async with await walsvc.open_wal(url, "p", read_only=True, poll_interval=60) as reader:
+        async with await open_bare(url, "p", read_only=True, poll_interval=60) as reader:
             async with (
                 reader.read(DeliverPolicy.start_after(first.message_id)) as tail,
                 writer.read(DeliverPolicy.start_after(first.message_id)) as own,
@@ -459,10 +467,10 @@ async def test_a_reader_in_another_process_polls_for_appends(
     tmp_path: Path, children: list[asyncio.subprocess.Process]
 ) -> None:
     url = _url(tmp_path)
-    async with await walsvc.open_wal(url, PCHANNEL) as setup:
+    async with await open_bare(url, PCHANNEL) as setup:
         start = await setup.append(Message(payload=b"start", vchannel="v"))
     async with (
-        await walsvc.open_wal(url, PCHANNEL, read_only=True, poll_interval=0.01) as reader,
+        await open_bare(url, PCHANNEL, read_only=True, poll_interval=0.01) as reader,
         reader.read(DeliverPolicy.start_after(start.message_id)) as tail,
     ):
         reading = asyncio.ensure_future(_take(tail, 50, within=20))
@@ -483,7 +491,7 @@ async def test_a_writer_in_another_process_fences_this_one(
     tmp_path: Path, children: list[asyncio.subprocess.Process]
 ) -> None:
     url = _url(tmp_path)
-    async with await walsvc.open_wal(url, PCHANNEL) as wal:
+    async with await open_bare(url, PCHANNEL) as wal:
         mine = await wal.append(Message(payload=b"mine", vchannel="v"))
         child = await _child("append", tmp_path, 2)
         children.append(child)
@@ -503,7 +511,7 @@ async def test_a_writer_in_another_process_fences_this_one(
     assert [m.payload for m in got][:1] == [b"mine"]
     assert [_seq(m.message_id) for m in got] == [0, int(acks[0][4]), int(acks[1][4])] == [0, 1, 2]
     assert [m.term for m in got] == [wal.term, int(ready[1]), int(ready[1])]
-    async with await walsvc.open_wal(url, PCHANNEL, read_only=True) as reader:
+    async with await open_bare(url, PCHANNEL, read_only=True) as reader:
         assert [m.payload for m in await _read_all(reader)] == [m.payload for m in got]
 
 
@@ -524,13 +532,13 @@ async def test_sync_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync:
 
     monkeypatch.setattr(os, "fdatasync", counting_fdatasync)
     url = _url(tmp_path)
-    async with await walsvc.open_wal(url, "p", sync=sync) as wal:
+    async with await open_bare(url, "p", sync=sync) as wal:
         results = [await wal.append(Message(payload=bytes([i]), vchannel="v")) for i in range(20)]
     if sync == "always":
         assert len(calls) >= 20
     else:
         assert calls == []
-    async with await walsvc.open_wal(url, "p", read_only=True) as wal:
+    async with await open_bare(url, "p", read_only=True) as wal:
         got = await _read_all(wal)
     assert [(m.message_id, m.payload) for m in got] == [
         (r.message_id, bytes([i])) for i, r in enumerate(results)
@@ -560,20 +568,20 @@ async def test_bad_options_are_typed_errors(
     tmp_path: Path, options: dict[str, Any], error: type[Exception], match: str, read_only: bool
 ) -> None:
     url = _url(tmp_path)
-    async with await walsvc.open_wal(url, "p") as wal:  # so read-only has a log to open
+    async with await open_bare(url, "p") as wal:  # so read-only has a log to open
         await wal.append(Message(payload=b"x", vchannel="v"))
     with pytest.raises(error, match=match):
-        await walsvc.open_wal(url, "p", read_only=read_only, **options)
+        await open_bare(url, "p", read_only=read_only, **options)
     with pytest.raises(error, match=match):
-        await walsvc.open_wal(url, "fresh", read_only=read_only, **options)
+        await open_bare(url, "fresh", read_only=read_only, **options)
     assert not (tmp_path / "fresh").exists(), "a rejected open created the pchannel"
     # The failed opens left the log as it was, unlocked.
-    async with await walsvc.open_wal(url, "p") as wal:
+    async with await open_bare(url, "p") as wal:
         assert _seq(await wal.latest_message_id()) == 0
 
 
 async def test_the_smallest_segment_size_is_accepted(tmp_path: Path) -> None:
-    async with await walsvc.open_wal(_url(tmp_path), "p", segment_size=4096) as wal:
+    async with await open_bare(_url(tmp_path), "p", segment_size=4096) as wal:
         await wal.append(Message(payload=b"x" * 5000, vchannel="v"))
         await wal.append(Message(payload=b"y", vchannel="v"))
     assert len(_segments(tmp_path)) == 2
@@ -581,12 +589,12 @@ async def test_the_smallest_segment_size_is_accepted(tmp_path: Path) -> None:
 
 async def test_opening_a_missing_log_read_only_is_invalid(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="no-such"):
-        await walsvc.open_wal(_url(tmp_path), "no-such", read_only=True)
+        await open_bare(_url(tmp_path), "no-such", read_only=True)
     with pytest.raises(InvalidArgument):
-        await walsvc.open_wal(_url(tmp_path / "no" / "root"), "p", read_only=True)
+        await open_bare(_url(tmp_path / "no" / "root"), "p", read_only=True)
     assert os.listdir(tmp_path) == [], "a read-only open created files"
     with pytest.raises(InvalidArgument, match="path"):
-        await walsvc.open_wal("file://", "p")
+        await open_bare("file://", "p")
 
 
 # ---------------------------------------------------------------------------------------
@@ -601,7 +609,7 @@ async def test_messages_bigger_than_a_read_block_round_trip(
     url = _url(tmp_path)
     mib = 1024 * 1024
     log = Log()
-    async with await walsvc.open_wal(url, "p", segment_size=8 * mib) as wal:
+    async with await open_bare(url, "p", segment_size=8 * mib) as wal:
         for size in (mib + 1, 4 * mib):
             message = _message(seed, len(log.messages), size)
             log.add([message], [await wal.append(message)])
@@ -612,7 +620,7 @@ async def test_messages_bigger_than_a_read_block_round_trip(
         log.add(batch, await wal.append_many(batch))
         await _fill(wal, log, seed, 30)
         log.check(await _read_all(wal))
-    async with await walsvc.open_wal(url, "p", read_only=True) as wal:
+    async with await open_bare(url, "p", read_only=True) as wal:
         log.check(await _read_all(wal))
         for i, message in enumerate(log.messages):
             if len(message.payload) > mib // 2:
@@ -629,7 +637,7 @@ async def test_close_drains_queued_appends(tmp_path: Path, seed: random.Random) 
     raise WALClosed, and those made once it has begun raise WALClosed; every append that
     returned a result is in the log, and those are exactly the log."""
     url = _url(tmp_path)
-    wal = await walsvc.open_wal(url, "p", segment_size=SMALL_SEGMENT)
+    wal = await open_bare(url, "p", segment_size=SMALL_SEGMENT)
     messages = [_message(seed, i) for i in range(300)]
 
     async def append(message: Message) -> AppendResult:
@@ -653,7 +661,7 @@ async def test_close_drains_queued_appends(tmp_path: Path, seed: random.Random) 
     for outcome in outcomes[250:]:  # close had begun: the WAL is closed
         assert isinstance(outcome, WALClosed), repr(outcome)
     done = [(m, o) for m, o in zip(messages, outcomes, strict=True) if isinstance(o, AppendResult)]
-    async with await walsvc.open_wal(url, "p", read_only=True) as reader:
+    async with await open_bare(url, "p", read_only=True) as reader:
         got = await _read_all(reader)
     by_id = {m.message_id: m for m in got}
     for message, result in done:
@@ -665,7 +673,7 @@ async def test_close_drains_queued_appends(tmp_path: Path, seed: random.Random) 
 
 
 async def test_appends_on_a_closed_wal_raise(tmp_path: Path) -> None:
-    wal = await walsvc.open_wal(_url(tmp_path), "p")
+    wal = await open_bare(_url(tmp_path), "p")
     await wal.aclose()
     await wal.aclose()  # idempotent
     with pytest.raises(WALClosed):
@@ -681,7 +689,7 @@ async def test_appends_on_a_closed_wal_raise(tmp_path: Path) -> None:
 async def test_a_head_file_damaged_under_a_writer_fails_appends(tmp_path: Path) -> None:
     """If the head file goes bad while a writer runs, appends raise CorruptRecord (the
     writer re-reads the head before every batch); they must not hang."""
-    async with await walsvc.open_wal(_url(tmp_path), "p") as wal:
+    async with await open_bare(_url(tmp_path), "p") as wal:
         await wal.append(Message(payload=b"ok", vchannel="v"))
         head = tmp_path / "p" / "head"
         data = bytearray(head.read_bytes())
@@ -701,14 +709,14 @@ async def test_a_torn_head_read_is_not_corruption(
     (observed on Linux about once in a million reads from another process). A reader must
     take that for a race, not for corruption. Here the race is made to happen."""
     url = _url(tmp_path)
-    async with await walsvc.open_wal(url, "p") as writer:
+    async with await open_bare(url, "p") as writer:
         await writer.append(Message(payload=b"0", vchannel="v"))
         head = tmp_path / "p" / "head"
         old = head.read_bytes()
         await writer.append(Message(payload=b"1", vchannel="v"))
         new = head.read_bytes()
         assert old != new
-        async with await walsvc.open_wal(url, "p", read_only=True) as reader:
+        async with await open_bare(url, "p", read_only=True) as reader:
             head_fd = reader.backend.directory.head.fd  # type: ignore[attr-defined]
             # The write had copied its bytes up to the first one that changed.
             split = next(i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b)

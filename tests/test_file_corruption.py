@@ -22,8 +22,10 @@ import os
 import random
 import sys
 import tempfile
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,6 +41,14 @@ from walsvc.backends._file._format import (
     parse_frame_header,
     segment_seq,
 )
+
+
+def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
+    """A bare WAL (no interceptors): the log holds exactly what the test appends, with no
+    TimeTicks, because these tests are about the backend underneath."""
+    kwargs.setdefault("interceptors", [])
+    return walsvc.open_wal(*args, **kwargs)
+
 
 PCHANNEL = "p"
 SEGMENT_SIZE = 4096  # the smallest allowed: many segments from a small log
@@ -120,9 +130,7 @@ def _message(rng: random.Random, i: int) -> Message:
 async def _build(directory: Path) -> BaseLog:
     rng = random.Random(20240611)
     expected: list[Expected] = []
-    async with await walsvc.open_wal(
-        f"file://{directory}", PCHANNEL, segment_size=SEGMENT_SIZE
-    ) as wal:
+    async with await open_bare(f"file://{directory}", PCHANNEL, segment_size=SEGMENT_SIZE) as wal:
         i = 0
         for _ in range(30):
             batch = [_message(rng, i + k) for k in range(rng.randint(1, 5))]
@@ -194,7 +202,7 @@ async def _read_all(wal: walsvc.WAL) -> list[ImmutableMessage]:
 async def _outcome(root: Path, *, read_only: bool) -> Outcome:
     """Open, read everything, close; CorruptRecord is an outcome, any other error is not."""
     try:
-        async with await walsvc.open_wal(
+        async with await open_bare(
             f"file://{root}", PCHANNEL, read_only=read_only, segment_size=SEGMENT_SIZE
         ) as wal:
             return await _read_all(wal)
@@ -210,12 +218,12 @@ async def _assert_appends_continue(root: Path, base: BaseLog, kept: int) -> None
     """After a clean cut at ``kept`` records: the next append gets id ``kept`` and a tick
     above the last kept one, and a reopened log holds exactly the prefix plus it."""
     url = f"file://{root}"
-    async with await walsvc.open_wal(url, PCHANNEL, segment_size=SEGMENT_SIZE) as wal:
+    async with await open_bare(url, PCHANNEL, segment_size=SEGMENT_SIZE) as wal:
         result = await wal.append(Message(payload=b"after", vchannel="vc9"))
     assert result.message_id == FileMessageId(kept)
     if kept:
         assert result.timetick > base.expected[kept - 1][1]
-    async with await walsvc.open_wal(url, PCHANNEL, read_only=True) as wal:
+    async with await open_bare(url, PCHANNEL, read_only=True) as wal:
         messages = await _read_all(wal)
     _assert_prefix(messages[:-1], base, kept)
     assert (messages[-1].message_id, messages[-1].payload) == (result.message_id, b"after")
@@ -425,8 +433,8 @@ async def test_a_short_head_is_corruption(base_log: BaseLog, tmp_path: Path) -> 
 async def _assert_head_corrupt(root: Path) -> None:
     url = f"file://{root}"
     with pytest.raises(CorruptRecord, match="head file"):
-        await walsvc.open_wal(url, PCHANNEL)
-    async with await walsvc.open_wal(url, PCHANNEL, read_only=True) as wal:
+        await open_bare(url, PCHANNEL)
+    async with await open_bare(url, PCHANNEL, read_only=True) as wal:
         with pytest.raises(CorruptRecord, match="head file"):
             await wal.latest_message_id()
         with pytest.raises(CorruptRecord, match="head file"):
@@ -434,7 +442,7 @@ async def _assert_head_corrupt(root: Path) -> None:
                 await anext(scanner)
     # The failed read-write open left nothing locked: a repaired head opens again.
     (root / PCHANNEL / "head").unlink()
-    async with await walsvc.open_wal(url, PCHANNEL) as wal:
+    async with await open_bare(url, PCHANNEL) as wal:
         assert await wal.latest_message_id() is not None
 
 
@@ -574,7 +582,7 @@ async def test_a_valid_frame_with_the_wrong_sequence_is_corruption(
     with _segment_path(tmp_path, base_log.newest).open("ab") as f:
         f.write(copy)
     with pytest.raises(CorruptRecord, match="expected"):
-        await walsvc.open_wal(f"file://{tmp_path}", PCHANNEL)
+        await open_bare(f"file://{tmp_path}", PCHANNEL)
 
 
 # ---------------------------------------------------------------------------------------
@@ -639,7 +647,7 @@ async def test_a_bad_frame_followed_by_valid_ones_fails_the_open(
     _damage_field(data, victim.offset, field, len(data) - victim.offset)
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptRecord):
-        await walsvc.open_wal(f"file://{tmp_path}", PCHANNEL)
+        await open_bare(f"file://{tmp_path}", PCHANNEL)
     # Reading it read-only reports it too.
     assert isinstance(await _outcome(tmp_path, read_only=True), CorruptRecord)
 
@@ -676,7 +684,8 @@ import walsvc
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB of address space
 
 async def main(url, read_only):
-    async with await walsvc.open_wal(url, "p", read_only=read_only) as wal:
+    chain = {} if read_only else {"interceptors": []}
+    async with await walsvc.open_wal(url, "p", read_only=read_only, **chain) as wal:
         async with wal.read() as scanner:
             async for _ in scanner:
                 pass
@@ -696,7 +705,7 @@ async def test_a_huge_damaged_length_is_not_allocated(tmp_path: Path, read_only:
     is corruption; the reader must not try to allocate what the file cannot hold (here:
     under a 1 GiB address-space limit, where that would be a MemoryError)."""
     url = f"file://{tmp_path}"
-    async with await walsvc.open_wal(url, "p", segment_size=8 * 1024 * 1024) as wal:
+    async with await open_bare(url, "p", segment_size=8 * 1024 * 1024) as wal:
         for i in range(5):
             await wal.append(Message(payload=bytes([i]) * 400_000, vchannel="v"))
     [segment] = [n for n in os.listdir(tmp_path / "p") if segment_seq(n) is not None]

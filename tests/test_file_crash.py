@@ -38,9 +38,9 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from _crash_child import PARENT, PCHANNEL, check_message, expected_message
@@ -55,6 +55,14 @@ from walsvc.backends._file._format import (
     parse_frame_header,
     verify_frame,
 )
+
+
+def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
+    """A bare WAL (no interceptors): the log holds exactly what the test appends, with no
+    TimeTicks, because these tests are about the backend underneath."""
+    kwargs.setdefault("interceptors", [])
+    return walsvc.open_wal(*args, **kwargs)
+
 
 CHILD = Path(__file__).with_name("_crash_child.py")
 ROUNDS = 24
@@ -170,12 +178,12 @@ async def _read_all(wal: walsvc.WAL) -> list[ImmutableMessage]:
 
 
 async def _read_only_view(directory: Path) -> list[ImmutableMessage]:
-    async with await walsvc.open_wal(_url(directory), PCHANNEL, read_only=True) as wal:
+    async with await open_bare(_url(directory), PCHANNEL, read_only=True) as wal:
         return await _read_all(wal)
 
 
 async def _durable_end(directory: Path) -> int:
-    async with await walsvc.open_wal(_url(directory), PCHANNEL, read_only=True) as wal:
+    async with await open_bare(_url(directory), PCHANNEL, read_only=True) as wal:
         last = await wal.latest_message_id()
     assert last is not None
     return _seq(last) + 1
@@ -186,7 +194,7 @@ async def _recover_and_append(
 ) -> tuple[list[ImmutableMessage], int, list[tuple[int, int]]]:
     """Reopen read-write (recovering the tail), read everything, append ``appends``
     parent messages, maybe truncate; return (messages, term, [(id, tick)] appended)."""
-    async with await walsvc.open_wal(_url(directory), PCHANNEL, segment_size=SEGMENT_SIZE) as wal:
+    async with await open_bare(_url(directory), PCHANNEL, segment_size=SEGMENT_SIZE) as wal:
         messages = await _read_all(wal)
         appended = []
         for _ in range(appends):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import walsvc
 from walsvc import Filter, ImmutableMessage, Message, MessageType
+from walsvc._codec import encode
 from walsvc._filter import vchannel_hash
 from walsvc.backends._memory import MemoryMessageId
 from walsvc.testing import memory_wal
@@ -244,9 +245,18 @@ async def test_reading_with_filters() -> None:
             ("a", MessageType.BEGIN_TXN),
             ("a", MessageType.INSERT),
         ]
-        results = await wal.append_many(
-            Message(payload=bytes([i]), vchannel=v, type=t) for i, (v, t) in enumerate(plan)
-        )
+        # System types are the WAL's own, so they go straight to the backend here.
+        first_tick = await wal.backend.last_timetick() + 1
+        records = [
+            encode(
+                Message(payload=bytes([i]), vchannel=v, type=t),
+                timetick=first_tick + i,
+                term=wal.term,
+            )
+            for i, (v, t) in enumerate(plan)
+        ]
+        ids = await wal.backend.append(records)
+        results = [walsvc.AppendResult(i, first_tick + n) for n, i in enumerate(ids)]
         floor = results[1].timetick
         scanner = wal.read(
             filters=[

@@ -4,15 +4,31 @@ Open a pchannel with ``await open_wal(url, pchannel)``; append ``Message``s, rea
 ``ImmutableMessage``s through scanners. Backends are chosen by URL scheme.
 """
 
+from ._chain import (
+    AppendBatchNext,
+    AppendNext,
+    BatchInterceptor,
+    ChainMember,
+    ClosingInterceptor,
+    Interceptor,
+    InterceptorContext,
+    ReadyInterceptor,
+)
 from ._codec import EnvelopeHeader, peek
 from ._deliver import DeliverPolicy
 from ._errors import (
+    AppendOutcomeUnknown,
     BackendUnavailable,
     CorruptRecord,
     InvalidArgument,
     InvalidMessage,
     MessageTooLarge,
+    TxnAborted,
+    TxnError,
+    TxnExpired,
+    TxnNotActive,
     UnknownBackend,
+    UnknownTxn,
     WALClosed,
     WALError,
     WALFenced,
@@ -29,11 +45,13 @@ from ._message import (
     Message,
     MessageType,
     TxnContext,
+    producer_key,
 )
 from ._open import open_wal
 from ._registry import known_schemes, register_backend
 from ._scanner import Scanner
 from ._timetick import HybridClock, TimetickAllocator
+from ._txn import Txn, TxnState
 from ._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
 
 __all__ = (
@@ -41,25 +59,41 @@ __all__ = (
     "DEFAULT_MAX_MESSAGE_SIZE",
     "SYSTEM_TYPES",
     "WAL",
+    "AppendBatchNext",
+    "AppendNext",
+    "AppendOutcomeUnknown",
     "AppendResult",
     "BackendUnavailable",
+    "BatchInterceptor",
+    "ChainMember",
+    "ClosingInterceptor",
     "CorruptRecord",
     "DeliverPolicy",
     "EnvelopeHeader",
     "Filter",
     "HybridClock",
     "ImmutableMessage",
+    "Interceptor",
+    "InterceptorContext",
     "InvalidArgument",
     "InvalidMessage",
     "Message",
     "MessageId",
     "MessageTooLarge",
     "MessageType",
+    "ReadyInterceptor",
     "Scanner",
     "SequenceMessageId",
     "TimetickAllocator",
+    "Txn",
+    "TxnAborted",
     "TxnContext",
+    "TxnError",
+    "TxnExpired",
+    "TxnNotActive",
+    "TxnState",
     "UnknownBackend",
+    "UnknownTxn",
     "WALClosed",
     "WALError",
     "WALFenced",
@@ -68,6 +102,7 @@ __all__ = (
     "known_schemes",
     "open_wal",
     "peek",
+    "producer_key",
     "register_backend",
     "unmarshal_message_id",
 )

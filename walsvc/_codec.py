@@ -96,7 +96,10 @@ def encode(
     last_confirmed: MessageId | None = None,
     txn: TxnContext | None = None,
 ) -> bytes:
-    """Lay ``message`` out as an envelope with the given system fields."""
+    """Lay ``message`` out as an envelope with the given system fields (``txn`` defaults to
+    the message's own)."""
+    if txn is None:
+        txn = message.txn
     vchannel = message.vchannel
     cached = _vchannel_utf8.get(vchannel)
     if cached is None:
@@ -124,14 +127,17 @@ def encode(
             + vc_utf8
             + payload
         )
-    ext = _ext_encode(
-        _Ext(
-            dict(message.properties),
-            None if last_confirmed is None else last_confirmed.marshal(),
-            txn,
-            message.idempotency_key,
+    if not message.properties and message.idempotency_key is None and txn is None:
+        ext = _last_confirmed_ext(last_confirmed)
+    else:
+        ext = _ext_encode(
+            _Ext(
+                dict(message.properties),
+                None if last_confirmed is None else last_confirmed.marshal(),
+                txn,
+                message.idempotency_key,
+            )
         )
-    )
     total = HEADER_SIZE + len(vc_utf8) + len(ext) + len(payload)
     if total > _MAX_TOTAL:
         raise MessageTooLarge(f"an envelope holds at most {_MAX_TOTAL} bytes; this is {total}")
@@ -139,6 +145,22 @@ def encode(
         VERSION, 0, message.type, total, vc_hash, len(vc_utf8), 0, timetick, term, len(ext)
     )
     return b"".join((header, vc_utf8, ext, payload))
+
+
+_last_ext: tuple[MessageId | None, bytes] = (None, b"")
+
+
+def _last_confirmed_ext(last_confirmed: MessageId | None) -> bytes:
+    """The ext section of a message whose only ext field is its last-confirmed id. Runs of
+    appends share one last-confirmed id, so the newest encoding is kept."""
+    global _last_ext
+    cached_id, ext = _last_ext
+    if cached_id is last_confirmed or cached_id == last_confirmed:
+        return ext
+    assert last_confirmed is not None
+    ext = _ext_encode(_Ext({}, last_confirmed.marshal()))
+    _last_ext = (last_confirmed, ext)
+    return ext
 
 
 def _unpack_header(
@@ -209,23 +231,18 @@ def _decode_at(
     txn = None
     key = None
     if payload_start != ext_start:
-        try:
-            ext = _ext_decode(data[ext_start:payload_start])
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            # ValueError includes UnicodeDecodeError from a damaged string.
-            raise CorruptRecord(f"envelope ext section does not decode: {exc}") from None
-        properties = ext.properties
-        txn = ext.txn
-        key = ext.idempotency_key
-        if ext.last_confirmed is not None:
-            try:
-                last_confirmed = unmarshal_message_id(ext.last_confirmed)
-            except WALError as exc:
-                raise CorruptRecord(f"envelope last-confirmed id is not valid: {exc}") from None
-            if type(last_confirmed) is not type(message_id):
-                raise CorruptRecord(
-                    f"last-confirmed id {ext.last_confirmed!r} is not an id of this log"
-                )
+        raw_ext = bytes(data[ext_start:payload_start])
+        cached = _ext_cache.get(raw_ext)
+        if cached is not None and type(cached[0]) is type(message_id):
+            last_confirmed, txn = cached
+        else:
+            properties, last_confirmed, txn, key = _decode_ext(raw_ext, message_id)
+            if not properties and key is None:
+                # Runs of messages share one last-confirmed id (and a txn's body its
+                # context): decode each distinct ext once.
+                if len(_ext_cache) >= _CACHE_LIMIT:
+                    _ext_cache.clear()
+                _ext_cache[raw_ext] = (last_confirmed, txn)
     message = ImmutableMessage(
         message_id,
         timetick,
@@ -239,6 +256,30 @@ def _decode_at(
         term,
     )
     return message, record_end
+
+
+_ext_cache: dict[bytes, tuple[MessageId | None, TxnContext | None]] = {}
+
+
+def _decode_ext(
+    raw_ext: bytes, message_id: MessageId
+) -> tuple[Mapping[str, str], MessageId | None, TxnContext | None, str | None]:
+    try:
+        ext = _ext_decode(raw_ext)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        # ValueError includes UnicodeDecodeError from a damaged string.
+        raise CorruptRecord(f"envelope ext section does not decode: {exc}") from None
+    last_confirmed = None
+    if ext.last_confirmed is not None:
+        try:
+            last_confirmed = unmarshal_message_id(ext.last_confirmed)
+        except WALError as exc:
+            raise CorruptRecord(f"envelope last-confirmed id is not valid: {exc}") from None
+        if type(last_confirmed) is not type(message_id):
+            raise CorruptRecord(
+                f"last-confirmed id {ext.last_confirmed!r} is not an id of this log"
+            )
+    return ext.properties or _NO_PROPERTIES, last_confirmed, ext.txn, ext.idempotency_key
 
 
 def decode(data: bytes | memoryview, message_id: MessageId) -> ImmutableMessage:

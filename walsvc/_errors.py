@@ -7,12 +7,18 @@ nothing above a backend ever sees a third-party exception type.
 from __future__ import annotations
 
 __all__ = (
+    "AppendOutcomeUnknown",
     "BackendUnavailable",
     "CorruptRecord",
     "InvalidArgument",
     "InvalidMessage",
     "MessageTooLarge",
+    "TxnAborted",
+    "TxnError",
+    "TxnExpired",
+    "TxnNotActive",
     "UnknownBackend",
+    "UnknownTxn",
     "WALClosed",
     "WALError",
     "WALFenced",
@@ -64,9 +70,41 @@ class InvalidArgument(WALError, ValueError):
 
 
 class BackendUnavailable(WALError):
-    """The backend could not be reached or failed transiently; the call may be retried."""
+    """The backend could not be reached or failed transiently, and nothing of the call was
+    written; the call may be retried."""
 
     retriable = True
+
+
+class AppendOutcomeUnknown(WALError):
+    """The append was handed to the backend and then failed in a way that leaves open
+    whether it was written (an I/O error mid-sync, a lost connection before the ack).
+
+    Not retriable blindly: a retry could write a duplicate. Messages with an idempotency
+    key are resolved by the dedup interceptor, which reads the log tail before answering.
+    """
+
+
+class TxnError(WALError):
+    """Root of the transaction errors."""
+
+
+class TxnExpired(TxnError):
+    """The transaction outlived its keepalive (measured in timeticks) and was rolled back."""
+
+
+class TxnAborted(TxnError):
+    """The transaction was rolled back by the WAL: a body append failed, an exclusive (DDL)
+    message on its vchannel was appended, or the WAL closed."""
+
+
+class TxnNotActive(TxnError):
+    """The transaction was already committed or rolled back (or is committing)."""
+
+
+class UnknownTxn(TxnError):
+    """The message names a transaction this WAL does not know (another WAL's, or one from
+    before a restart)."""
 
 
 class UnknownBackend(WALError):

@@ -23,6 +23,7 @@ __all__ = (
     "Message",
     "MessageType",
     "TxnContext",
+    "producer_key",
 )
 
 _APPLICATION_FIRST = 10_000
@@ -112,7 +113,11 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
 
     ``payload`` is opaque bytes the WAL never decodes; ``vchannel`` "" means every vchannel
     (a broadcast); ``properties`` is a string map readers get back unchanged.
-    ``idempotency_key`` makes retried appends of the same message exactly-once.
+    ``idempotency_key`` makes retried appends of the same message exactly-once: within
+    the dedup window, a retry with the same key on the same vchannel returns the original
+    ``AppendResult`` instead of appending again (see ``walsvc.producer_key``).
+    ``txn`` is set by the WAL on the control and body messages of a transaction (use
+    ``WAL.begin_txn``); ``WAL.append`` refuses user messages that carry one.
     Construction validates field types and raises ``InvalidMessage``.
     """
 
@@ -121,6 +126,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     type: MessageType = MessageType.INSERT
     properties: Mapping[str, str] = msgspec.field(default_factory=dict)
     idempotency_key: str | None = None
+    txn: TxnContext | None = None
 
     def __post_init__(self) -> None:
         if type(self.payload) is not bytes:
@@ -165,6 +171,17 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
                 raise InvalidMessage("idempotency_key must be str or None")
             if not _is_utf8(ikey):
                 raise InvalidMessage(f"idempotency_key {ikey!r} is not valid UTF-8 text")
+        if self.txn is not None and type(self.txn) is not TxnContext:
+            raise InvalidMessage(f"txn must be a walsvc.TxnContext or None, not {self.txn!r}")
+
+
+def producer_key(producer_id: str, sequence: int) -> str:
+    """The idempotency key of message ``sequence`` of producer ``producer_id``: a producer
+    that numbers its messages gets exactly-once appends by passing this as
+    ``Message(idempotency_key=...)`` and reusing it on every retry of that message."""
+    if type(producer_id) is not str or type(sequence) is not int or sequence < 0:
+        raise InvalidMessage("producer_key takes a str producer id and an int sequence >= 0")
+    return f"{producer_id}#{sequence}"
 
 
 def _is_utf8(text: str) -> bool:
@@ -183,7 +200,15 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
     assigned (id, timetick, last-confirmed id, transaction, idempotency key, writer term).
 
     ``last_confirmed_id`` is the id from which a reader sees every message with a greater
-    timetick; ``term`` is the term of the writer that appended it.
+    timetick, including transactions open at this message; ``term`` is the term of the
+    writer that appended it. ``persisted`` is False only for idle TimeTicks, which the WAL
+    hands to its own tailing scanners without writing them (their ``message_id`` is the
+    newest durable message's).
+
+    Because walsvc assigns timeticks where appends are serialized, log order equals
+    timetick order: a delivered message also confirms every tick up to its own (all
+    messages with a smaller tick are durable and before it), so readers never wait for a
+    TimeTick message to deliver data.
     """
 
     message_id: MessageId
@@ -196,10 +221,13 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
     txn: TxnContext | None
     idempotency_key: str | None
     term: int
+    persisted: bool = True
 
 
 class AppendResult(msgspec.Struct, frozen=True):
-    """Where an appended message landed: its id and the timetick the WAL assigned."""
+    """Where an appended message landed: its id, the timetick the WAL assigned, and its
+    last-confirmed id (with the timetick, a checkpoint a reader can resume from)."""
 
     message_id: MessageId
     timetick: int
+    last_confirmed_id: MessageId | None = None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
+from ._chain import ChainMember
 from ._errors import InvalidArgument, UnknownBackend
 from ._registry import backend_class
 from ._timetick import HybridClock, TimetickAllocator
@@ -23,6 +25,7 @@ async def open_wal(
     read_only: bool = False,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     timetick_allocator: TimetickAllocator | None = None,
+    interceptors: Sequence[ChainMember] | None = None,
     **options: Any,
 ) -> WAL:
     """Open one pchannel of the log at ``url`` and return the WAL (an async context
@@ -31,8 +34,18 @@ async def open_wal(
     ``url`` picks the backend by scheme: ``memory://NAME``, ``file:///abs/path`` or
     ``file://relative/path``, ``kafka://host:port``, ``pulsar://host:port``. ``pchannel``
     is 1-200 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit. Opening
-    read-write fences the previous writer of the pchannel. Backend-specific ``options``
-    are passed to the backend; unknown ones raise ``TypeError``.
+    read-write fences the previous writer of the pchannel and recovers the timetick floor
+    from the log.
+    Backend-specific ``options`` are passed to the backend; unknown ones raise
+    ``TypeError``.
+
+    ``interceptors`` is the append chain, outermost first; None builds the default
+    (``interceptors.default_chain()``: timetick sync every 10 ms, which first appends a
+    TimeTick straight to the backend, then dedup, exclusive DDL, transactions, redo).
+    Each interceptor instance serves one WAL. Their ``ready`` hooks (the opening TimeTick;
+    dedup rebuilding its window from the log) run in the background: the first append
+    waits for them, reads do not. ``interceptors=[]`` gives a bare WAL: no TimeTicks,
+    no dedup, no transactions. A read-only WAL has no chain.
 
     Raises ``UnknownBackend`` for an unknown scheme or a missing extra,
     ``InvalidArgument`` for a malformed URL, pchannel or option value, and
@@ -48,16 +61,28 @@ async def open_wal(
         )
     if not isinstance(max_message_size, int) or max_message_size < 64:
         raise InvalidArgument(f"max_message_size must be an int >= 64, not {max_message_size!r}")
+    if read_only and interceptors:
+        raise InvalidArgument("a read-only WAL appends nothing, so it takes no interceptors")
+    members: Sequence[ChainMember] = ()
+    if not read_only:
+        if interceptors is None:
+            from interceptors import default_chain  # the default implementations
+
+            members = default_chain()
+        else:
+            members = tuple(interceptors)
     cls = backend_class(scheme)
     backend = await cls.open(location, pchannel, read_only=read_only, options=options)
     allocator = timetick_allocator if timetick_allocator is not None else HybridClock()
+    wal = WAL(backend, allocator=allocator, max_message_size=max_message_size, interceptors=members)
     if not read_only:
         try:
             await _recover_timetick(backend, allocator)
+            wal._start()
         except BaseException:
-            await backend.aclose()
+            await wal.aclose()
             raise
-    return WAL(backend, allocator=allocator, max_message_size=max_message_size)
+    return wal
 
 
 async def _recover_timetick(backend: Backend, allocator: TimetickAllocator) -> None:

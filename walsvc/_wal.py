@@ -1,26 +1,57 @@
-"""The WAL users hold: a backend plus validation, timetick assignment and scanners.
+"""The WAL users hold: a backend, an interceptor chain, and scanners.
 
-The path of an append: ``append`` checks the WAL is writable, then in one synchronous
-step allocates the timetick, encodes the envelope and hands it to the backend, whose
-``append`` call is the serialization point. Log order therefore equals timetick order
-(the invariant is enforced here, by doing those three things with no ``await`` between
+The path of an append: ``append`` checks the WAL is writable and the message is a user
+message, waits (once) for the interceptors to be ready, then runs the interceptor chain.
+The chain ends at the serialization point (``_serialize``), which in one synchronous step
+allocates the timetick, takes the last-confirmed id, encodes the envelope and hands it to
+the backend, whose ``append`` call orders the log. Log order therefore equals timetick
+order (the invariant is enforced here, by doing those things with no ``await`` between
 them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import types
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Final, final
 
+from ._chain import (
+    AppendNext,
+    ChainMember,
+    ClosingInterceptor,
+    InterceptorContext,
+    ReadyInterceptor,
+    TickListener,
+    build_batch_chain,
+    build_chain,
+)
 from ._codec import HEADER_SIZE, encode
 from ._deliver import DeliverPolicy
-from ._errors import MessageTooLarge, WALClosed, WALReadOnly
+from ._errors import (
+    AppendOutcomeUnknown,
+    InvalidArgument,
+    InvalidMessage,
+    MessageTooLarge,
+    WALClosed,
+    WALError,
+    WALReadOnly,
+)
 from ._filter import Filter
 from ._ids import MessageId
-from ._message import AppendResult, Message
-from ._scanner import Scanner
-from ._timetick import TimetickAllocator
+from ._message import (
+    SYSTEM_TYPES,
+    AppendResult,
+    ImmutableMessage,
+    Message,
+    MessageType,
+    TxnContext,
+)
+from ._scanner import IdleTicks, Scanner
+from ._timetick import LOGICAL_BITS, TimetickAllocator
+from ._txn import Txn
 from .backends import Backend
 
 __all__ = ("DEFAULT_MAX_MESSAGE_SIZE", "WAL")
@@ -28,31 +59,49 @@ __all__ = ("DEFAULT_MAX_MESSAGE_SIZE", "WAL")
 #: Default largest encoded message, as in Milvus (5 MiB).
 DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
 _FROM_THE_START: Final = DeliverPolicy.all()
+_EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
 
 
 @final
 class WAL:
     """One pchannel of a write-ahead log, opened with ``walsvc.open_wal``.
 
-    Appends return once the message is durable as the backend promises, with the id and
-    timetick it got; timeticks strictly increase in log order. Reads return scanners.
-    A read-only WAL raises ``WALReadOnly`` on appends and truncation; every call on a
-    closed WAL raises ``WALClosed``; a fenced WAL (a newer writer opened the pchannel)
-    raises ``WALFenced`` on appends.
+    Appends run through the WAL's interceptor chain (by default timetick sync, dedup,
+    exclusive DDL, transactions, redo) and return once the message is durable as the
+    backend promises, with its id, timetick and last-confirmed id; timeticks strictly
+    increase in log order. Reads return scanners. A read-only WAL raises ``WALReadOnly``
+    on appends and truncation; every call on a closed WAL raises ``WALClosed``; a fenced
+    WAL (a newer writer opened the pchannel) raises ``WALFenced`` on appends.
     """
 
     __slots__ = (
         "_allocator",
         "_backend",
+        "_batch_chain",
+        "_chain",
         "_closed",
+        "_data_tick",
+        "_idle_ticks",
+        "_last_acked",
+        "_last_tick",
         "_max_message_size",
+        "_members",
+        "_pins",
+        "_ready",
+        "_ready_error",
         "_scanners",
         "_term",
+        "_tick_listeners",
         "_writable",
     )
 
     def __init__(
-        self, backend: Backend, *, allocator: TimetickAllocator, max_message_size: int
+        self,
+        backend: Backend,
+        *,
+        allocator: TimetickAllocator,
+        max_message_size: int,
+        interceptors: Sequence[ChainMember] = (),
     ) -> None:
         self._backend = backend
         self._allocator = allocator
@@ -61,6 +110,46 @@ class WAL:
         self._writable = not backend.read_only
         self._term = backend.term
         self._scanners: set[Scanner] = set()
+        self._members = tuple(interceptors)
+        self._chain: AppendNext = build_chain(self._members, self._serialize)
+        self._batch_chain = build_batch_chain(self._members, self._serialize_batch)
+        self._last_acked: MessageId | None = None
+        self._pins: dict[object, MessageId | None] = {}
+        self._last_tick = 0
+        self._data_tick = 0
+        self._tick_listeners: list[TickListener] = []
+        self._idle_ticks = IdleTicks() if self._writable else None
+        self._ready: asyncio.Task[None] | None = None
+        self._ready_error: BaseException | None = None
+
+    def _start(self) -> None:
+        """For a writer: start the interceptors' ``ready`` hooks in the background."""
+        ready = [m for m in self._members if isinstance(m, ReadyInterceptor)]
+        if self._writable and ready:
+            self._ready = asyncio.get_running_loop().create_task(self._run_ready(ready))
+
+    async def _run_ready(self, members: list[ReadyInterceptor]) -> None:
+        context = _Context(self)
+        for member in members:
+            await member.ready(context)
+
+    async def wait_ready(self) -> None:
+        """Wait until every interceptor's ``ready`` hook finished (the first append waits
+        for this anyway); raises what a hook raised."""
+        if self._ready is not None or self._ready_error is not None:
+            await self._wait_ready()
+
+    async def _wait_ready(self) -> None:
+        ready = self._ready
+        assert ready is not None
+        if not ready.done():
+            await asyncio.shield(ready)
+        self._ready = None
+        exc = ready.exception()
+        if exc is not None:
+            self._ready_error = exc
+        if self._ready_error is not None:
+            raise self._ready_error
 
     @property
     def pchannel(self) -> str:
@@ -87,6 +176,11 @@ class WAL:
         """The backend underneath (for backend-specific tools and tests)."""
         return self._backend
 
+    @property
+    def interceptors(self) -> tuple[ChainMember, ...]:
+        """The interceptor chain, outermost first (empty when read-only)."""
+        return self._members
+
     def _check_writable(self) -> None:
         if self._writable:
             return
@@ -95,52 +189,178 @@ class WAL:
         if self._backend.read_only:
             raise WALReadOnly(f"WAL {self.pchannel!r} was opened read-only")
 
-    def _encode(self, message: Message) -> tuple[bytes, int]:
+    @staticmethod
+    def _check_user_message(message: Message) -> None:
         if not isinstance(message, Message):
             raise TypeError(f"append takes walsvc.Message, not {type(message).__name__}")
+        if message.type in SYSTEM_TYPES:
+            raise InvalidMessage(
+                f"{message.type.name} messages are written by the WAL itself"
+                " (transactions: use WAL.begin_txn)"
+            )
+        if message.txn is not None:
+            raise InvalidMessage("transaction messages are appended through WAL.begin_txn")
+
+    # -- the serialization point ------------------------------------------------------
+
+    def _encode(self, message: Message) -> tuple[bytes, int, MessageId | None]:
         if len(message.payload) + HEADER_SIZE > self._max_message_size:
             raise MessageTooLarge(
                 f"message payload of {len(message.payload)} bytes exceeds max_message_size"
                 f" {self._max_message_size}"
             )
+        pins = self._pins
+        last_confirmed = next(iter(pins.values())) if pins else self._last_acked
         tick = self._allocator.allocate()
-        record = encode(message, timetick=tick, term=self._term)
+        record = encode(message, timetick=tick, term=self._term, last_confirmed=last_confirmed)
         if len(record) > self._max_message_size:
             raise MessageTooLarge(
                 f"encoded message of {len(record)} bytes exceeds max_message_size"
                 f" {self._max_message_size}"
             )
-        return record, tick
+        self._last_tick = self._data_tick = tick
+        return record, tick, last_confirmed
 
-    async def append(self, message: Message) -> AppendResult:
-        """Append one message; return its id and timetick once it is durable."""
-        self._check_writable()
-        record, tick = self._encode(message)
+    async def _serialize(self, message: Message) -> AppendResult:
+        """The innermost step of every chain: tick, last-confirmed id, envelope, backend."""
+        record, tick, last_confirmed = self._encode(message)
         # Nothing may await between _encode (which allocates the tick) and the backend
         # call (the serialization point): that keeps log order equal to tick order.
-        ids = await self._backend.append((record,))
-        return AppendResult(ids[0], tick)
+        try:
+            ids = await self._backend.append((record,))
+        except WALError:
+            raise
+        except Exception as exc:
+            raise AppendOutcomeUnknown(
+                f"appending to {self.pchannel!r} failed after the record was handed to the"
+                f" backend ({exc!r}); it may or may not be in the log"
+            ) from exc
+        message_id = ids[0]
+        self._last_acked = message_id
+        return AppendResult(message_id, tick, last_confirmed)
 
-    async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
-        """Append messages contiguously, in order; return their results once all are
-        durable. If one is invalid or too large, none is appended."""
-        self._check_writable()
+    async def _serialize_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
+        """``_serialize`` for a batch: contiguous in the log, one backend call."""
         encoded = [self._encode(m) for m in messages]
         if not encoded:
             return []
-        ids = await self._backend.append([record for record, _ in encoded])
-        return [AppendResult(i, tick) for i, (_, tick) in zip(ids, encoded, strict=True)]
+        try:
+            ids = await self._backend.append([record for record, _, _ in encoded])
+        except WALError:
+            raise
+        except Exception as exc:
+            raise AppendOutcomeUnknown(
+                f"appending to {self.pchannel!r} failed after the records were handed to the"
+                f" backend ({exc!r}); they may or may not be in the log"
+            ) from exc
+        self._last_acked = ids[-1]
+        return [
+            AppendResult(i, tick, last_confirmed)
+            for i, (_, tick, last_confirmed) in zip(ids, encoded, strict=True)
+        ]
+
+    # -- appends ----------------------------------------------------------------------
+
+    async def append(self, message: Message) -> AppendResult:
+        """Append one message through the interceptor chain; return its id, timetick and
+        last-confirmed id once it is durable."""
+        if not self._writable:
+            self._check_writable()
+        self._check_user_message(message)
+        if self._ready is not None or self._ready_error is not None:
+            await self._wait_ready()
+        return await self._chain(message)
+
+    async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
+        """Append messages in order; return their results once all are durable.
+
+        Messages are validated first: if one is invalid none is appended. When every
+        interceptor handles batches (the default chain does, for messages without
+        idempotency keys or exclusive types) the batch lands contiguously in the log.
+        """
+        self._check_writable()
+        batch = list(messages)
+        for message in batch:
+            self._check_user_message(message)
+        if not batch:
+            return []
+        if self._ready is not None or self._ready_error is not None:
+            await self._wait_ready()
+        if self._batch_chain is not None:
+            return await self._batch_chain(batch)
+        return [await self._chain(message) for message in batch]
+
+    async def _append_internal(self, message: Message) -> AppendResult:
+        """Append a message the WAL built (transaction control and body) through the chain."""
+        self._check_writable()
+        if self._ready is not None or self._ready_error is not None:
+            await self._wait_ready()
+        return await self._chain(message)
+
+    # -- transactions -----------------------------------------------------------------
+
+    async def begin_txn(self, vchannel: str, *, keepalive: float = 10.0) -> Txn:
+        """Open a transaction on ``vchannel``: append its BeginTxn and return the handle.
+
+        ``keepalive`` (seconds) is how long the transaction may go without a body append
+        before the WAL rolls it back; it is measured in timeticks. Needs a transaction
+        interceptor in the chain (the default chain has one).
+        """
+        self._check_writable()
+        if not any(getattr(m, "manages_transactions", False) for m in self._members):
+            raise InvalidArgument(
+                "this WAL's interceptor chain has no transaction interceptor"
+                " (interceptors.Transactions)"
+            )
+        if type(vchannel) is not str:
+            raise InvalidMessage(f"vchannel must be str, not {type(vchannel).__name__}")
+        if isinstance(keepalive, bool) or not isinstance(keepalive, int | float):
+            raise InvalidArgument(f"keepalive must be a number of seconds, not {keepalive!r}")
+        if not 0 < keepalive <= 86_400:
+            raise InvalidArgument(f"keepalive must be in (0, 86400] seconds, not {keepalive!r}")
+        context = TxnContext(self._allocator.allocate(), max(1, round(keepalive * 1000)))
+        begin = Message(payload=b"", vchannel=vchannel, type=MessageType.BEGIN_TXN, txn=context)
+        result = await self._append_internal(begin)
+        return Txn(self._append_internal, context, vchannel, result)
+
+    @asynccontextmanager
+    async def txn(self, vchannel: str, *, keepalive: float = 10.0) -> AsyncIterator[Txn]:
+        """``async with wal.txn(vchannel) as txn:`` begins a transaction, commits it when
+        the block succeeds and rolls it back when the block raises."""
+        handle = await self.begin_txn(vchannel, keepalive=keepalive)
+        async with handle:
+            yield handle
+
+    # -- reads ------------------------------------------------------------------------
 
     def read(
-        self, deliver: DeliverPolicy = _FROM_THE_START, filters: Iterable[Filter] = ()
+        self,
+        deliver: DeliverPolicy = _FROM_THE_START,
+        filters: Iterable[Filter] = (),
     ) -> Scanner:
-        """A scanner from ``deliver`` over the messages every filter admits."""
+        """A scanner from ``deliver`` over the messages every filter admits.
+
+        On a writer, a scanner that has caught up also receives the idle TimeTicks of the
+        timetick sync (``persisted=False``).
+        """
         if self._closed:
             raise WALClosed(f"WAL {self.pchannel!r} is closed")
         if not isinstance(deliver, DeliverPolicy):
             raise TypeError(f"deliver must be a walsvc.DeliverPolicy, not {deliver!r}")
+        selected = Filter.combine(filters)
+        idle_ticks = self._idle_ticks
+        caught_up_to: MessageId | None = None
+        if idle_ticks is not None:
+            if deliver.kind == "latest":
+                caught_up_to = self._last_acked
+            elif deliver.kind == "start_after":
+                caught_up_to = deliver.message_id
         scanner = Scanner(
-            self._backend.read(deliver, Filter.combine(filters)), self._scanners.discard
+            self._backend.read(deliver, selected),
+            self._scanners.discard,
+            idle_ticks=idle_ticks,
+            selected=selected,
+            caught_up_to=caught_up_to,
         )
         self._scanners.add(scanner)
         return scanner
@@ -158,16 +378,29 @@ class WAL:
         await self._backend.truncate(message_id)
 
     async def aclose(self) -> None:
-        """Finish queued appends, close every scanner (their reads raise ``WALClosed``) and
-        release the backend. Idempotent."""
+        """Stop the interceptors, finish queued appends, close every scanner (their reads
+        raise ``WALClosed``) and release the backend. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._writable = False
+        ready = self._ready
+        if ready is not None and not ready.done():
+            ready.cancel()
+            await asyncio.gather(ready, return_exceptions=True)
+        errors: list[BaseException] = []
+        for member in reversed(self._members):
+            if isinstance(member, ClosingInterceptor):
+                try:
+                    await member.aclose()
+                except Exception as exc:
+                    errors.append(exc)
         scanners, self._scanners = self._scanners, set()
         for scanner in scanners:
             await scanner._close_for_wal()
         await self._backend.aclose()
+        if errors:
+            raise errors[0]
 
     async def __aenter__(self) -> WAL:
         return self
@@ -184,3 +417,112 @@ class WAL:
         mode = "ro" if self.read_only else f"rw term={self.term}"
         state = " closed" if self._closed else ""
         return f"<walsvc.WAL {self._backend.scheme}:{self.pchannel} {mode}{state}>"
+
+
+@final
+class _Context(InterceptorContext):
+    """The WAL as its interceptors see it (see ``InterceptorContext``)."""
+
+    __slots__ = ("_wal",)
+
+    def __init__(self, wal: WAL) -> None:
+        self._wal = wal
+
+    @property
+    def pchannel(self) -> str:
+        return self._wal.pchannel
+
+    @property
+    def term(self) -> int:
+        return self._wal.term
+
+    @property
+    def closed(self) -> bool:
+        return self._wal._closed
+
+    def last_tick(self) -> int:
+        return self._wal._last_tick
+
+    def data_tick(self) -> int:
+        return self._wal._data_tick
+
+    def last_confirmed_id(self) -> MessageId | None:
+        wal = self._wal
+        pins = wal._pins
+        return next(iter(pins.values())) if pins else wal._last_acked
+
+    def pin_last_confirmed(self) -> object:
+        token = object()
+        self._wal._pins[token] = self.last_confirmed_id()
+        return token
+
+    def unpin(self, token: object) -> None:
+        self._wal._pins.pop(token, None)
+
+    async def append_system(self, message: Message) -> AppendResult:
+        # Allowed while the WAL closes: interceptors finish their writes (rollbacks) in
+        # their aclose, before the backend is released.
+        wal = self._wal
+        if wal._backend.read_only:
+            raise WALReadOnly(f"WAL {wal.pchannel!r} was opened read-only")
+        return await wal._serialize(message)
+
+    def publish_idle_tick(self) -> int:
+        wal = self._wal
+        tick = wal._allocator.allocate()
+        wal._last_tick = tick
+        last_acked = wal._last_acked
+        if wal._idle_ticks is not None and last_acked is not None:
+            wal._idle_ticks.publish(
+                ImmutableMessage(
+                    last_acked,
+                    tick,
+                    "",
+                    MessageType.TIME_TICK,
+                    b"",
+                    _EMPTY,
+                    self.last_confirmed_id(),
+                    None,
+                    None,
+                    wal._term,
+                    False,
+                )
+            )
+        self.notify_tick(tick)
+        return tick
+
+    def notify_tick(self, tick: int) -> None:
+        for listener in list(self._wal._tick_listeners):
+            listener(tick)
+
+    def add_tick_listener(self, listener: TickListener) -> None:
+        if listener not in self._wal._tick_listeners:
+            self._wal._tick_listeners.append(listener)
+
+    def remove_tick_listener(self, listener: TickListener) -> None:
+        try:
+            self._wal._tick_listeners.remove(listener)
+        except ValueError:
+            pass
+
+    def has_tick_listeners(self) -> bool:
+        wal = self._wal
+        return bool(wal._tick_listeners) or (
+            wal._idle_ticks is not None and wal._idle_ticks.has_waiters()
+        )
+
+    def read(
+        self, deliver: DeliverPolicy = _FROM_THE_START, filters: Iterable[Filter] = ()
+    ) -> Scanner:
+        return self._wal.read(deliver, filters)
+
+    async def latest_message_id(self) -> MessageId | None:
+        return await self._wal.latest_message_id()
+
+    async def last_durable_timetick(self) -> int:
+        return await self._wal._backend.last_timetick()
+
+
+def ticks_for_seconds(seconds: float) -> int:
+    """The span of ``seconds`` in timetick units (physical milliseconds << 18)."""
+    return round(seconds * 1000) << LOGICAL_BITS

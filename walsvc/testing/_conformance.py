@@ -299,7 +299,7 @@ class _PChannelCheck:
 
     async def produce(self, wal: WAL, round_: int) -> list[Sent]:
         """Append ``message_count`` messages from concurrent producers, then the round's
-        final TIME_TICK-type message; return what was acknowledged."""
+        final (FLUSH) message; return what was acknowledged."""
         label = f"r{round_}"
         last = self._count - 1
         sent: list[Sent] = []
@@ -327,7 +327,7 @@ class _PChannelCheck:
                 for p in range(_PRODUCERS):
                     indices = range(p, last, _PRODUCERS)
                     tg.create_task(in_batches(indices) if p % 2 else one_by_one(indices))
-            final = self.message(label, last, type_=MessageType.TIME_TICK, final=str(round_))
+            final = self.message(label, last, type_=MessageType.FLUSH, final=str(round_))
             result = await wal.append(final)
         sent.append(Sent(final, result, wal.term, next(self._calls)))
         return sent
@@ -449,8 +449,13 @@ class _PChannelCheck:
                 await anext(owned_buffered)
 
             async def next_or_end(scanner: Scanner) -> ImmutableMessage | None:
+                """The next message the kit wrote (timeticks the WAL writes are skipped),
+                or None when the iteration ends."""
                 try:
-                    return await anext(scanner)
+                    while True:
+                        message = await anext(scanner)
+                        if not message.type.is_system:
+                            return message
                 except StopAsyncIteration:
                     return None
 

@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final, NamedTuple, final
 
 from .._ids import MessageId
-from .._message import AppendResult, ImmutableMessage, Message
+from .._message import AppendResult, ImmutableMessage, Message, MessageType
 from .._scanner import Scanner
 
 if TYPE_CHECKING:
@@ -117,6 +117,7 @@ class Reader:
         self._floor = floor
         self._delivered = 0
         self._last: MessageId | None = None
+        self._last_tick: int | None = None
 
     async def next(self) -> ImmutableMessage:
         """The next message the kit wrote, checking what comes before it."""
@@ -175,6 +176,17 @@ class Reader:
                 )
             if not isinstance(message, ImmutableMessage):
                 check.fail(f"{self.name}: delivered {message!r}, not a walsvc.ImmutableMessage")
+            if not message.persisted:
+                # An idle TimeTick: it repeats the newest message's id; only its tick moves.
+                if message.type is not MessageType.TIME_TICK:
+                    check.fail(f"{self.name}: delivered {describe(message)}, not persisted")
+                if self._last_tick is not None and message.timetick <= self._last_tick:
+                    check.fail(
+                        f"{self.name}: idle {describe(message)} does not advance the tick"
+                        f" beyond {self._last_tick}"
+                    )
+                self._last_tick = message.timetick
+                continue
             message_id = message.message_id
             if self._last is not None and not self._last < message_id:
                 check.fail(
@@ -186,6 +198,12 @@ class Reader:
                     f"{self.name}: delivered {describe(message)}, at or before the"
                     f" truncation point {self._floor!r}"
                 )
+            if self._last_tick is not None and message.timetick <= self._last_tick:
+                check.fail(
+                    f"{self.name}: {describe(message)} does not advance the timetick beyond"
+                    f" {self._last_tick}: log order must equal timetick order"
+                )
+            self._last_tick = message.timetick
             self._delivered += 1
             self._last = message_id
             if message.properties.get(MARK) == check.token:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..._codec import timetick_of
-from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALError, WALFenced
+from ..._errors import AppendOutcomeUnknown, InvalidArgument, WALClosed, WALError, WALFenced
 from ._directory import LogDirectory, fsync_directory
 from ._format import encode_frames
 from ._head import HeadState
@@ -113,7 +113,7 @@ class GroupCommitWriter:
                     _fail(calls, exc)
                     continue
                 except OSError as exc:
-                    self._failure = BackendUnavailable(
+                    self._failure = AppendOutcomeUnknown(
                         f"writing {self._directory.path} failed ({exc}); appends in that batch"
                         " may or may not be durable; reopen the WAL to recover"
                     )
@@ -121,7 +121,7 @@ class GroupCommitWriter:
                     continue
                 except BaseException as exc:
                     # Cancelled or a bug: never leave callers waiting on a dead flusher.
-                    self._failure = BackendUnavailable(f"the writer stopped: {exc!r}")
+                    self._failure = AppendOutcomeUnknown(f"the writer stopped: {exc!r}")
                     _fail(calls, self._failure)
                     raise
                 if self._segment == segment_before:

@@ -1,0 +1,156 @@
+"""Timetick sync: every ``interval`` (10 ms by default) a WAL either persists a TimeTick
+(if anything was appended since the last persisted one) or publishes an idle tick that
+only its tailing scanners and tick listeners see.
+
+Ticks themselves are assigned at the WAL's serialization point, not here: that is what
+makes log order equal tick order. This interceptor only decides when a TimeTick is worth
+writing. One timer per event loop and interval drives every WAL's sync, so idle
+pchannels cost one callback per interval in total, not a task each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Final, final
+
+from walsvc import Message, MessageType, WALError
+from walsvc._chain import InterceptorContext
+
+__all__ = ("DEFAULT_SYNC_INTERVAL", "TimetickSync")
+
+#: Seconds between timetick syncs (Milvus: 0.2).
+DEFAULT_SYNC_INTERVAL: Final = 0.010
+_TIME_TICK: Final = Message(payload=b"", vchannel="", type=MessageType.TIME_TICK)
+
+
+@final
+class TimetickSync:
+    """Persists a TimeTick after appends and publishes idle ticks in between.
+
+    ``interval`` is in seconds; None means no timer: the owner drives the sync by calling
+    ``sync_once()`` (tests with an injected clock do). A TimeTick T promises readers that
+    every message with a tick <= T is durable and that no later message has a tick <= T.
+    """
+
+    __slots__ = ("_context", "_interval", "_persisted_tick", "_persisting", "_stopped")
+
+    def __init__(self, interval: float | None = DEFAULT_SYNC_INTERVAL) -> None:
+        if interval is not None and (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not math.isfinite(interval)
+            or interval <= 0
+        ):
+            raise ValueError(f"interval must be None or seconds > 0, not {interval!r}")
+        self._interval = interval
+        self._context: InterceptorContext | None = None
+        self._persisted_tick = 0
+        self._persisting: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def interval(self) -> float | None:
+        """Seconds between syncs, or None when driven by ``sync_once``."""
+        return self._interval
+
+    async def ready(self, context: InterceptorContext) -> None:
+        """Bind to the WAL and append the opening TimeTick straight to the backend: it is
+        this writer's first record, seeds the last-confirmed id and (on backends that
+        fence by writing) fences older writers."""
+        if self._context is not None:
+            raise RuntimeError("a TimetickSync serves one WAL; build one per open_wal")
+        self._context = context
+        result = await context.append_system(_TIME_TICK)
+        self._persisted_tick = result.timetick
+        if self._interval is not None:
+            _ticker(asyncio.get_running_loop(), self._interval).members.add(self)
+
+    async def sync_once(self) -> int | None:
+        """Sync now: persist a TimeTick if anything was appended since the last one, else
+        publish an idle tick if someone listens. Returns the tick, or None if neither."""
+        context = self._bound()
+        if context.data_tick() > self._persisted_tick:
+            return await self._persist(context)
+        if context.has_tick_listeners():
+            return context.publish_idle_tick()
+        return None
+
+    def _on_timer(self) -> None:
+        """The shared timer's callback: what ``sync_once`` does, without waiting."""
+        context = self._context
+        if context is None or self._persisting is not None:
+            return
+        if context.closed:
+            self._leave()
+            return
+        if context.data_tick() > self._persisted_tick:
+            self._persisting = asyncio.ensure_future(self._persist_in_background(context))
+        elif context.has_tick_listeners():
+            context.publish_idle_tick()
+
+    async def _persist(self, context: InterceptorContext) -> int:
+        result = await context.append_system(_TIME_TICK)
+        self._persisted_tick = max(self._persisted_tick, result.timetick)
+        context.notify_tick(result.timetick)
+        return result.timetick
+
+    async def _persist_in_background(self, context: InterceptorContext) -> None:
+        try:
+            await self._persist(context)
+        except WALError:
+            # Fenced, closed or broken: the appends report it; the sync stops.
+            self._leave()
+        finally:
+            self._persisting = None
+
+    def _bound(self) -> InterceptorContext:
+        if self._context is None:
+            raise RuntimeError("TimetickSync is not bound to a WAL yet")
+        return self._context
+
+    def _leave(self) -> None:
+        if self._interval is not None and not self._stopped:
+            self._stopped = True
+            ticker = _tickers.get((asyncio.get_running_loop(), self._interval))
+            if ticker is not None:
+                ticker.members.discard(self)
+
+    async def aclose(self) -> None:
+        """Stop syncing and wait for a TimeTick being written."""
+        if self._context is not None:
+            self._leave()
+        persisting = self._persisting
+        if persisting is not None:
+            await asyncio.gather(persisting, return_exceptions=True)
+
+
+@final
+class _Ticker:
+    """One repeating timer per (event loop, interval), calling every member's sync."""
+
+    __slots__ = ("handle", "interval", "key", "loop", "members")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.members: set[TimetickSync] = set()
+        self.handle = loop.call_later(interval, self.fire)
+
+    def fire(self) -> None:
+        for member in list(self.members):
+            member._on_timer()
+        if self.members and not self.loop.is_closed():
+            self.handle = self.loop.call_later(self.interval, self.fire)
+        else:
+            _tickers.pop((self.loop, self.interval), None)
+
+
+_tickers: dict[tuple[asyncio.AbstractEventLoop, float], _Ticker] = {}
+
+
+def _ticker(loop: asyncio.AbstractEventLoop, interval: float) -> _Ticker:
+    ticker = _tickers.get((loop, interval))
+    if ticker is None:
+        ticker = _tickers[(loop, interval)] = _Ticker(loop, interval)
+    return ticker

@@ -1,0 +1,302 @@
+"""Transactions: the session state behind ``walsvc.Txn``.
+
+A transaction is BeginTxn, body messages carrying its ``TxnContext``, then CommitTxn or
+RollbackTxn, on one vchannel. This interceptor checks every transaction message against
+its session (unknown id, ended, expired), counts in-flight body appends so a commit waits
+for them, renews the keepalive with each body append, rolls back transactions whose
+keepalive ran out (measured in timeticks: a transaction expires once the WAL allocates a
+tick later than its last body tick plus the keepalive), and pins the WAL's last-confirmed
+id at the BeginTxn so a reader resuming from any message appended while the transaction
+is open also reads its begin and body (the path Milvus issue #45088 got wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Final, final
+
+from walsvc import (
+    AppendResult,
+    Message,
+    MessageType,
+    TxnAborted,
+    TxnContext,
+    TxnError,
+    TxnExpired,
+    TxnNotActive,
+    UnknownTxn,
+    WALError,
+)
+from walsvc._chain import AppendBatchNext, AppendNext, InterceptorContext
+from walsvc._timetick import LOGICAL_BITS
+
+__all__ = ("Transactions",)
+
+_ENDED_MEMORY: Final = 65_536  # how many ended transactions still get a precise error
+
+
+class _State(enum.Enum):
+    BEGIN = "beginning"
+    OPEN = "open"
+    COMMITTING = "committing"
+    ROLLING_BACK = "rolling back"
+
+
+@final
+class _Session:
+    __slots__ = ("context", "drained", "expires_at", "in_flight", "pin", "state", "vchannel")
+
+    def __init__(self, context: TxnContext, vchannel: str, pin: object) -> None:
+        self.context = context
+        self.vchannel = vchannel
+        self.pin = pin
+        self.state = _State.BEGIN
+        self.expires_at = 0
+        self.in_flight = 0
+        self.drained: asyncio.Event | None = None
+
+    def renew(self, tick: int) -> None:
+        self.expires_at = max(self.expires_at, tick + (self.context.keepalive_ms << LOGICAL_BITS))
+
+
+@final
+class Transactions:
+    """The transaction interceptor (required by ``WAL.begin_txn``)."""
+
+    #: Marks the chain member ``WAL.begin_txn`` relies on.
+    manages_transactions: Final = True
+
+    __slots__ = ("_context", "_ended", "_expiring", "_listening", "_sessions")
+
+    def __init__(self) -> None:
+        self._context: InterceptorContext | None = None
+        self._sessions: dict[int, _Session] = {}
+        self._ended: OrderedDict[int, TxnError] = OrderedDict()
+        self._expiring: set[asyncio.Task[None]] = set()
+        self._listening = False
+
+    @property
+    def open_count(self) -> int:
+        """How many transactions are open."""
+        return len(self._sessions)
+
+    async def ready(self, context: InterceptorContext) -> None:
+        """Bind to the WAL."""
+        if self._context is not None:
+            raise RuntimeError("a Transactions interceptor serves one WAL")
+        self._context = context
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        """Check transaction messages against their session; pass others through."""
+        txn = message.txn
+        if txn is None:
+            return await call_next(message)
+        kind = message.type
+        if kind is MessageType.BEGIN_TXN:
+            return await self._begin(message, txn, call_next)
+        session = self._session(txn, message.vchannel)
+        if kind is MessageType.COMMIT_TXN:
+            return await self._commit(session, message, call_next)
+        if kind is MessageType.ROLLBACK_TXN:
+            return await self._rollback(session, message, call_next)
+        return await self._body(session, message, call_next)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        """Batches hold no transaction messages (``WAL.append_many`` refuses them)."""
+        return await call_next(messages)
+
+    def _bound(self) -> InterceptorContext:
+        assert self._context is not None, "appends wait for ready()"
+        return self._context
+
+    def _session(self, txn: TxnContext, vchannel: str) -> _Session:
+        session = self._sessions.get(txn.txn_id)
+        if session is None:
+            ended = self._ended.get(txn.txn_id)
+            if ended is not None:
+                raise type(ended)(str(ended))
+            raise UnknownTxn(f"transaction {txn.txn_id} is not open on this WAL")
+        if session.context != txn or session.vchannel != vchannel:
+            raise UnknownTxn(f"the message does not match transaction {txn.txn_id}")
+        context = self._bound()
+        if session.state is _State.OPEN and context.last_tick() > session.expires_at:
+            self._expire(session)
+            ended = self._ended[txn.txn_id]
+            raise type(ended)(str(ended))
+        return session
+
+    async def _begin(
+        self, message: Message, txn: TxnContext, call_next: AppendNext
+    ) -> AppendResult:
+        context = self._bound()
+        if txn.txn_id in self._sessions or txn.txn_id in self._ended:
+            raise UnknownTxn(f"transaction {txn.txn_id} was already begun")
+        session = _Session(txn, message.vchannel, context.pin_last_confirmed())
+        self._sessions[txn.txn_id] = session
+        try:
+            result = await call_next(message)
+        except BaseException:
+            self._end(session, TxnAborted(f"transaction {txn.txn_id}: its BeginTxn failed"))
+            raise
+        if session.state is _State.BEGIN:  # not aborted meanwhile
+            session.state = _State.OPEN
+            session.renew(result.timetick)
+            self._listen()
+        return result
+
+    async def _body(
+        self, session: _Session, message: Message, call_next: AppendNext
+    ) -> AppendResult:
+        if session.state is not _State.OPEN:
+            raise TxnNotActive(f"transaction {session.context.txn_id} is {session.state.value}")
+        session.in_flight += 1
+        try:
+            result = await call_next(message)
+        except BaseException as exc:
+            if session.pin is not None:  # open or committing: the body has a hole now
+                self._abort_in_background(
+                    session,
+                    TxnAborted(
+                        f"transaction {session.context.txn_id}: a body append failed"
+                        f" ({exc!r}); the transaction was rolled back"
+                    ),
+                )
+            raise
+        finally:
+            session.in_flight -= 1
+            if session.in_flight == 0 and session.drained is not None:
+                session.drained.set()
+        session.renew(result.timetick)
+        return result
+
+    async def _commit(
+        self, session: _Session, message: Message, call_next: AppendNext
+    ) -> AppendResult:
+        txn_id = session.context.txn_id
+        if session.state is not _State.OPEN:
+            raise TxnNotActive(f"transaction {txn_id} is {session.state.value}")
+        session.state = _State.COMMITTING
+        if session.in_flight:
+            session.drained = asyncio.Event()
+            await session.drained.wait()
+        if session.pin is None:  # aborted while its last bodies finished
+            ended = self._ended[txn_id]
+            raise type(ended)(str(ended))
+        try:
+            result = await call_next(message)
+        except BaseException as exc:
+            self._end(session, TxnAborted(f"transaction {txn_id}: its commit failed ({exc!r})"))
+            raise
+        self._end(session, TxnNotActive(f"transaction {txn_id} is committed"))
+        return result
+
+    async def _rollback(
+        self, session: _Session, message: Message, call_next: AppendNext
+    ) -> AppendResult:
+        txn_id = session.context.txn_id
+        if session.state is not _State.OPEN:
+            raise TxnNotActive(f"transaction {txn_id} is {session.state.value}")
+        session.state = _State.ROLLING_BACK
+        try:
+            return await call_next(message)
+        finally:
+            self._end(session, TxnNotActive(f"transaction {txn_id} is rolled back"))
+
+    # -- ending transactions the WAL decides to end -----------------------------------
+
+    async def abort_vchannel(self, vchannel: str, reason: str) -> None:
+        """Roll back every open transaction on ``vchannel`` (an exclusive message is about
+        to be appended there) and wait until their RollbackTxns are durable."""
+        doomed = [
+            s for s in self._sessions.values() if s.vchannel == vchannel and s.state is _State.OPEN
+        ]
+        for session in doomed:
+            await self._abort(
+                session, TxnAborted(f"transaction {session.context.txn_id}: {reason}")
+            )
+
+    def _expire(self, session: _Session) -> None:
+        txn_id = session.context.txn_id
+        self._abort_in_background(
+            session,
+            TxnExpired(
+                f"transaction {txn_id} expired: no body append within its keepalive of"
+                f" {session.context.keepalive_ms} ms; it was rolled back"
+            ),
+        )
+
+    def _abort_in_background(self, session: _Session, error: TxnError) -> None:
+        """End ``session`` now; append its RollbackTxn in the background."""
+        if session.pin is None:
+            return
+        self._end(session, error)
+        task = asyncio.ensure_future(self._write_rollback(session))
+        self._expiring.add(task)
+        task.add_done_callback(self._expiring.discard)
+
+    async def _abort(self, session: _Session, error: TxnError) -> None:
+        """End ``session`` now and wait until its RollbackTxn is written."""
+        if session.pin is None:
+            return
+        self._end(session, error)
+        await self._write_rollback(session)
+
+    async def _write_rollback(self, session: _Session) -> None:
+        """Best effort: if the WAL cannot write, readers drop the body once its keepalive
+        runs out."""
+        context = self._bound()
+        rollback = Message(
+            payload=b"",
+            vchannel=session.vchannel,
+            type=MessageType.ROLLBACK_TXN,
+            txn=session.context,
+        )
+        try:
+            await context.append_system(rollback)
+        except WALError:
+            pass
+
+    def _end(self, session: _Session, error: TxnError) -> None:
+        txn_id = session.context.txn_id
+        if session.pin is None:
+            return
+        self._bound().unpin(session.pin)
+        session.pin = None
+        self._sessions.pop(txn_id, None)
+        self._ended[txn_id] = error
+        if len(self._ended) > _ENDED_MEMORY:
+            self._ended.popitem(last=False)
+        if session.drained is not None:
+            session.drained.set()
+        if not self._sessions:
+            self._unlisten()
+
+    # -- expiry by timetick -----------------------------------------------------------
+
+    def _listen(self) -> None:
+        if not self._listening:
+            self._listening = True
+            self._bound().add_tick_listener(self._on_tick)
+
+    def _unlisten(self) -> None:
+        if self._listening:
+            self._listening = False
+            self._bound().remove_tick_listener(self._on_tick)
+
+    def _on_tick(self, tick: int) -> None:
+        for session in list(self._sessions.values()):
+            if session.state is _State.OPEN and tick > session.expires_at:
+                self._expire(session)
+
+    async def aclose(self) -> None:
+        """End every open transaction (``TxnAborted``) without writing, and wait for
+        rollbacks being written."""
+        for session in list(self._sessions.values()):
+            self._end(session, TxnAborted(f"transaction {session.context.txn_id}: the WAL closed"))
+        if self._expiring:
+            await asyncio.gather(*self._expiring, return_exceptions=True)

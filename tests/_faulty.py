@@ -1,0 +1,84 @@
+"""A memory backend whose appends fail on command (``faultymem://NAME``): fault injection
+for the interceptor tests, where a real backend cannot be made to fail on cue."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import walsvc
+from walsvc import DeliverPolicy, Filter, MessageId
+from walsvc.backends import Backend, BackendScanner
+from walsvc.backends._memory import MemoryBackend, MemoryMessageId
+
+SCHEME = "faultymem"
+_MODULE = "_walsvc_test_faulty_backend"
+
+
+class FaultyBackend(Backend):
+    """Delegates to a memory backend. ``faults`` (shared, per pchannel) is a list of what
+    the next appends do: "unavailable" (raise BackendUnavailable, write nothing),
+    "lost-ack" (write, then raise OSError: the outcome is unknown to the WAL),
+    "lost-write" (raise OSError without writing), or "ok"."""
+
+    faults: ClassVar[dict[str, list[str]]] = {}
+    unreadable: ClassVar[set[str]] = set()
+    message_id_class = MemoryMessageId
+    scheme = SCHEME
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self._inner = inner
+        self.pchannel = inner.pchannel
+        self.term = inner.term
+        self.read_only = inner.read_only
+
+    @classmethod
+    async def open(
+        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+    ) -> Backend:
+        inner = await MemoryBackend.open(location, pchannel, read_only=read_only, options=options)
+        return cls(inner)
+
+    def append(self, records: Sequence[bytes]) -> Awaitable[Sequence[MessageId]]:
+        plan = self.faults.get(self.pchannel)
+        fault = plan.pop(0) if plan else "ok"
+        return self._append(records, fault)
+
+    async def _append(self, records: Sequence[bytes], fault: str) -> Sequence[MessageId]:
+        if fault == "unavailable":
+            raise walsvc.BackendUnavailable("injected: broker unreachable")
+        if fault == "lost-write":
+            raise OSError("injected: connection reset before the write")
+        ids = await self._inner.append(records)
+        if fault == "lost-ack":
+            raise OSError("injected: connection reset before the ack")
+        return ids
+
+    def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
+        if self.pchannel in self.unreadable:
+            raise walsvc.BackendUnavailable("injected: cannot read")
+        return self._inner.read(deliver, selected)
+
+    async def latest_message_id(self) -> MessageId | None:
+        return await self._inner.latest_message_id()
+
+    async def last_timetick(self) -> int:
+        return await self._inner.last_timetick()
+
+    async def truncate(self, message_id: MessageId) -> None:
+        await self._inner.truncate(message_id)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def register() -> None:
+    """Make ``faultymem://`` known (idempotent)."""
+    if SCHEME in walsvc.known_schemes():
+        return
+    module = types.ModuleType(_MODULE)
+    module.backend_class = FaultyBackend  # type: ignore[attr-defined]
+    sys.modules[_MODULE] = module
+    walsvc.register_backend(SCHEME, _MODULE)

@@ -1,0 +1,229 @@
+"""The append interceptor chain: the Protocols an interceptor implements, the context the
+WAL gives it, and how a chain of them is composed around the WAL's serialization point.
+
+An interceptor sees every append of its WAL as a ``Message`` and a ``call_next`` that
+runs the rest of the chain; the innermost ``call_next`` is the WAL's serialization point
+(timetick, last-confirmed id, envelope, backend). The first interceptor of a chain is the
+outermost. An interceptor may rewrite the message, short-circuit (answer without calling
+``call_next``), call ``call_next`` again (redo) or only observe; it must never fail an
+append after ``call_next`` returned successfully, because the message is then in the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol, TypeAlias, runtime_checkable
+
+from ._deliver import DeliverPolicy
+from ._filter import Filter
+from ._ids import MessageId
+from ._message import AppendResult, ImmutableMessage, Message
+
+__all__ = (
+    "AppendBatchNext",
+    "AppendNext",
+    "BatchInterceptor",
+    "ChainMember",
+    "ClosingInterceptor",
+    "Interceptor",
+    "InterceptorContext",
+    "ReadyInterceptor",
+    "TickListener",
+    "build_batch_chain",
+    "build_chain",
+)
+
+
+class AppendNext(Protocol):
+    """The rest of the chain below an interceptor: appends one message."""
+
+    def __call__(self, message: Message, /) -> Awaitable[AppendResult]: ...
+
+
+class AppendBatchNext(Protocol):
+    """The rest of the chain for a batch: appends messages contiguously, in order."""
+
+    def __call__(self, messages: Sequence[Message], /) -> Awaitable[list[AppendResult]]: ...
+
+
+#: Called with every timetick the WAL's timetick sync produces (persisted or idle).
+TickListener: TypeAlias = Callable[[int], None]
+
+
+@runtime_checkable
+class Interceptor(Protocol):
+    """Sees every append (``WAL.append``, transaction messages) of one WAL."""
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        """Append ``message`` by calling ``call_next`` (or answer without it)."""
+        ...
+
+
+@runtime_checkable
+class BatchInterceptor(Protocol):
+    """Optional: handles ``WAL.append_many`` batches as a whole. If any interceptor of a
+    chain lacks it, ``append_many`` appends the messages one at a time through
+    ``do_append`` (in order, but not necessarily contiguously)."""
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        """Append ``messages`` in order by calling ``call_next`` (or otherwise)."""
+        ...
+
+
+@runtime_checkable
+class ReadyInterceptor(Protocol):
+    """Optional: recovers state before the first append. The WAL runs every ``ready`` in
+    chain order, in the background, as soon as it opens; appends wait for all of them,
+    reads do not. If one fails, every append raises its error."""
+
+    async def ready(self, context: InterceptorContext) -> None:
+        """Bind to the WAL and recover state (e.g. from the log)."""
+        ...
+
+
+@runtime_checkable
+class ClosingInterceptor(Protocol):
+    """Optional: released when the WAL closes, after the last append finished."""
+
+    async def aclose(self) -> None:
+        """Stop background work and release resources. Called once."""
+        ...
+
+
+#: What a chain holds: objects implementing one or more of the Protocols above.
+ChainMember: TypeAlias = Interceptor | BatchInterceptor | ReadyInterceptor | ClosingInterceptor
+
+
+class InterceptorContext(Protocol):
+    """What the WAL offers its interceptors (given to ``ReadyInterceptor.ready``)."""
+
+    @property
+    def pchannel(self) -> str:
+        """The WAL's pchannel."""
+        ...
+
+    @property
+    def term(self) -> int:
+        """The writer's term."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True once the WAL started closing."""
+        ...
+
+    def last_tick(self) -> int:
+        """The newest timetick the WAL allocated (data, control or idle tick): the WAL's
+        notion of "now", by which keepalives and windows are measured."""
+        ...
+
+    def data_tick(self) -> int:
+        """The timetick of the newest message the WAL serialized (idle ticks excluded)."""
+        ...
+
+    def last_confirmed_id(self) -> MessageId | None:
+        """The last-confirmed id the next serialized message will carry."""
+        ...
+
+    def pin_last_confirmed(self) -> object:
+        """Hold the last-confirmed id at its current value until ``unpin(token)``: a
+        transaction pins it at its begin so readers resuming from any message appended
+        while it is open also see its begin and body."""
+        ...
+
+    def unpin(self, token: object) -> None:
+        """Release a pin taken with ``pin_last_confirmed``. Idempotent."""
+        ...
+
+    async def append_system(self, message: Message) -> AppendResult:
+        """Append straight at the serialization point, bypassing every interceptor (for
+        messages the interceptors themselves write: timeticks, rollbacks on expiry)."""
+        ...
+
+    def publish_idle_tick(self) -> int:
+        """Allocate a tick that is not written to the log and hand it to the WAL's tailing
+        scanners and tick listeners; return it. Only valid when no append is in flight."""
+        ...
+
+    def notify_tick(self, tick: int) -> None:
+        """Tell the tick listeners that ``tick`` was persisted (a TimeTick message)."""
+        ...
+
+    def add_tick_listener(self, listener: TickListener) -> None:
+        """Call ``listener(tick)`` on every timetick sync."""
+        ...
+
+    def remove_tick_listener(self, listener: TickListener) -> None:
+        """Stop calling ``listener``. Idempotent."""
+        ...
+
+    def has_tick_listeners(self) -> bool:
+        """True if a tick listener or a tailing scanner wants idle ticks."""
+        ...
+
+    def read(self, deliver: DeliverPolicy = ..., filters: Iterable[Filter] = ()) -> AsyncScanner:
+        """A scanner over the log, as ``WAL.read`` gives (it never ends by itself: stop at
+        an id from ``latest_message_id``)."""
+        ...
+
+    async def latest_message_id(self) -> MessageId | None:
+        """The id of the newest durable message ever appended."""
+        ...
+
+    async def last_durable_timetick(self) -> int:
+        """The newest timetick in the log (the floor of this writer's ticks)."""
+        ...
+
+
+class AsyncScanner(Protocol):
+    """The part of ``walsvc.Scanner`` interceptors use."""
+
+    def __aiter__(self) -> AsyncScanner: ...
+
+    async def __anext__(self) -> ImmutableMessage: ...
+
+    async def aclose(self) -> None: ...
+
+
+def build_chain(members: Iterable[ChainMember], terminal: AppendNext) -> AppendNext:
+    """Compose the interceptors of ``members`` (first = outermost) around ``terminal``."""
+    call = terminal
+    for member in reversed(list(members)):
+        if isinstance(member, Interceptor):
+            call = _bind(member.do_append, call)
+    return call
+
+
+def build_batch_chain(
+    members: Iterable[ChainMember], terminal: AppendBatchNext
+) -> AppendBatchNext | None:
+    """Compose the batch handlers of ``members`` around ``terminal``; None if some
+    interceptor has no batch handler (batches then go one message at a time)."""
+    call = terminal
+    for member in reversed(list(members)):
+        if isinstance(member, Interceptor):
+            if not isinstance(member, BatchInterceptor):
+                return None
+            call = _bind_batch(member.do_append_batch, call)
+    return call
+
+
+def _bind(
+    do_append: Callable[[Message, AppendNext], Awaitable[AppendResult]], call_next: AppendNext
+) -> AppendNext:
+    def step(message: Message) -> Awaitable[AppendResult]:
+        return do_append(message, call_next)  # no extra coroutine frame per layer
+
+    return step
+
+
+def _bind_batch(
+    do_append_batch: Callable[[Sequence[Message], AppendBatchNext], Awaitable[list[AppendResult]]],
+    call_next: AppendBatchNext,
+) -> AppendBatchNext:
+    def step(messages: Sequence[Message]) -> Awaitable[list[AppendResult]]:
+        return do_append_batch(messages, call_next)
+
+    return step
