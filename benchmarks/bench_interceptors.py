@@ -59,10 +59,15 @@ async def _wal_rate(interceptors: Sequence[Any] | None) -> float:
         await closed_loop_rate(append_one, producers=PRODUCERS, seconds=WARMUP)
         return await closed_loop_rate(append_one, producers=PRODUCERS, seconds=SECONDS)
     finally:
-        last = await wal.latest_message_id()
-        if last is not None:
-            await wal.truncate(last)
-        await wal.aclose()
+        await _drop_and_close(wal)
+
+
+async def _drop_and_close(wal: walsvc.WAL) -> None:
+    """Memory logs live as long as the process: drop the records, then close."""
+    last = await wal.latest_message_id()
+    if last is not None:
+        await wal.truncate(last)
+    await wal.aclose()
 
 
 async def chain_rate() -> float:
@@ -91,10 +96,7 @@ async def backend_rate() -> float:
         await closed_loop_rate(append_one, producers=PRODUCERS, seconds=WARMUP)
         return await closed_loop_rate(append_one, producers=PRODUCERS, seconds=SECONDS)
     finally:
-        last = await wal.latest_message_id()
-        if last is not None:
-            await wal.truncate(last)
-        await wal.aclose()
+        await _drop_and_close(wal)
 
 
 async def visibility_ms(rate: float = 10_000, seconds: float = 2.0) -> tuple[float, float]:
