@@ -35,7 +35,7 @@ from walsvc import (
     WALError,
 )
 from walsvc._chain import AppendBatchNext, AppendNext, InterceptorContext
-from walsvc._timetick import LOGICAL_BITS
+from walsvc._timetick import span_of_ms
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
 
@@ -71,7 +71,7 @@ class Dedup:
         if not (isinstance(max_age, int | float) and math.isfinite(max_age) and max_age > 0):
             raise ValueError(f"max_age must be seconds > 0, not {max_age!r}")
         self._max_keys = max_keys
-        self._age_ticks = round(max_age * 1000) << LOGICAL_BITS
+        self._age_ticks = span_of_ms(round(max_age * 1000))
         self._context: InterceptorContext | None = None
         self._window: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         #: How many keys the rebuild on open recovered from the log.

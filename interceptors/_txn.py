@@ -31,7 +31,7 @@ from walsvc import (
     WALError,
 )
 from walsvc._chain import AppendBatchNext, AppendNext, InterceptorContext
-from walsvc._timetick import LOGICAL_BITS
+from walsvc._timetick import span_of_ms
 
 __all__ = ("Transactions",)
 
@@ -59,7 +59,7 @@ class _Session:
         self.drained: asyncio.Event | None = None
 
     def renew(self, tick: int) -> None:
-        self.expires_at = max(self.expires_at, tick + (self.context.keepalive_ms << LOGICAL_BITS))
+        self.expires_at = max(self.expires_at, tick + span_of_ms(self.context.keepalive_ms))
 
 
 @final

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol, final
 
-__all__ = ("LOGICAL_BITS", "HybridClock", "TimetickAllocator", "physical_ms")
+__all__ = ("LOGICAL_BITS", "HybridClock", "TimetickAllocator", "physical_ms", "span_of_ms")
 
 #: Bits of a timetick below the physical milliseconds.
 LOGICAL_BITS: Final = 18
@@ -19,6 +19,11 @@ LOGICAL_BITS: Final = 18
 def physical_ms(timetick: int) -> int:
     """The wall-clock milliseconds part of a hybrid timetick."""
     return timetick >> LOGICAL_BITS
+
+
+def span_of_ms(milliseconds: int) -> int:
+    """How far apart two timeticks ``milliseconds`` of wall clock apart are."""
+    return milliseconds << LOGICAL_BITS
 
 
 class TimetickAllocator(Protocol):

@@ -50,7 +50,7 @@ from ._message import (
     TxnContext,
 )
 from ._scanner import IdleTicks, Scanner
-from ._timetick import LOGICAL_BITS, TimetickAllocator
+from ._timetick import TimetickAllocator
 from ._txn import Txn
 from .backends import Backend
 
@@ -521,8 +521,3 @@ class _Context(InterceptorContext):
 
     async def last_durable_timetick(self) -> int:
         return await self._wal._backend.last_timetick()
-
-
-def ticks_for_seconds(seconds: float) -> int:
-    """The span of ``seconds`` in timetick units (physical milliseconds << 18)."""
-    return round(seconds * 1000) << LOGICAL_BITS
