@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Final, final
 
 from walsvc import (
@@ -104,20 +104,25 @@ class Dedup:
                 self.rebuilt += 1
         self._evict()
 
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
-        """Answer a retried key from the window; append a new one."""
+    def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
+        """Answer a retried key from the window; append a new one (messages without a
+        key pass straight through)."""
         key = message.idempotency_key
         if key is None:
-            return await call_next(message)
-        return await self._keyed(message, (message.vchannel, key), call_next)
+            return call_next(message)
+        return self._keyed(message, (message.vchannel, key), call_next)
 
-    async def do_append_batch(
+    def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
+    ) -> Awaitable[list[AppendResult]]:
         """A batch with keys goes one message at a time; a batch without passes through."""
         if all(m.idempotency_key is None for m in messages):
-            return await call_next(messages)
+            return call_next(messages)
+        return self._keyed_batch(messages, call_next)
 
+    async def _keyed_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
         async def one(message: Message) -> AppendResult:
             (result,) = await call_next((message,))
             return result

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import final
 
-from walsvc import AppendResult, Message
+from walsvc import EXCLUSIVE_TYPES, AppendResult, Message
 from walsvc._chain import AppendBatchNext, AppendNext
 
 __all__ = ("ExclusiveLock",)
@@ -48,28 +48,36 @@ class ExclusiveLock:
         self._in_flight: dict[str, int] = {}
         self._gates: dict[str, _Gate] = {}
 
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+    def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
         """Exclusive messages take their vchannel's gate; others pass it (or wait)."""
+        if message.type in EXCLUSIVE_TYPES:
+            return self._exclusive(message, call_next)
+        return self._shared(message, call_next)
+
+    async def _shared(self, message: Message, call_next: AppendNext) -> AppendResult:
         vchannel = message.vchannel
-        if message.type.is_exclusive:
-            return await self._exclusive(message, call_next)
-        gate = self._gates.get(vchannel)
-        while gate is not None:
-            await gate.opened.wait()
+        if self._gates:
             gate = self._gates.get(vchannel)
+            while gate is not None:
+                await gate.opened.wait()
+                gate = self._gates.get(vchannel)
         in_flight = self._in_flight
         in_flight[vchannel] = in_flight.get(vchannel, 0) + 1
         try:
             return await call_next(message)
         finally:
-            self._leave(vchannel)
+            count = in_flight[vchannel] - 1
+            if count:
+                in_flight[vchannel] = count
+            else:
+                self._drained(vchannel)
 
     async def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> list[AppendResult]:
         """A batch with an exclusive message goes one message at a time; any other batch
         passes the gates of all its vchannels at once."""
-        if any(m.type.is_exclusive for m in messages):
+        if any(m.type in EXCLUSIVE_TYPES for m in messages):
             one = _single(call_next)
             return [await self.do_append(message, one) for message in messages]
         vchannels = {m.vchannel for m in messages}
@@ -91,7 +99,11 @@ class ExclusiveLock:
         count = self._in_flight[vchannel] - 1
         if count:
             self._in_flight[vchannel] = count
-            return
+        else:
+            self._drained(vchannel)
+
+    def _drained(self, vchannel: str) -> None:
+        """The last in-flight append on ``vchannel`` finished: wake its pending DDL."""
         del self._in_flight[vchannel]
         gate = self._gates.get(vchannel)
         if gate is not None and gate.drained is not None:

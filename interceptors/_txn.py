@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Final, final
 
 from walsvc import (
@@ -89,11 +89,16 @@ class Transactions:
             raise RuntimeError("a Transactions interceptor serves one WAL")
         self._context = context
 
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+    def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
         """Check transaction messages against their session; pass others through."""
         txn = message.txn
         if txn is None:
-            return await call_next(message)
+            return call_next(message)
+        return self._transactional(message, txn, call_next)
+
+    async def _transactional(
+        self, message: Message, txn: TxnContext, call_next: AppendNext
+    ) -> AppendResult:
         kind = message.type
         if kind is MessageType.BEGIN_TXN:
             return await self._begin(message, txn, call_next)
@@ -104,11 +109,11 @@ class Transactions:
             return await self._rollback(session, message, call_next)
         return await self._body(session, message, call_next)
 
-    async def do_append_batch(
+    def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
+    ) -> Awaitable[list[AppendResult]]:
         """Batches hold no transaction messages (``WAL.append_many`` refuses them)."""
-        return await call_next(messages)
+        return call_next(messages)
 
     def _bound(self) -> InterceptorContext:
         assert self._context is not None, "appends wait for ready()"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from _crash_child import PARENT, PCHANNEL, check_message
+from _segments import whole_frames
 
 import walsvc
 from walsvc import (
@@ -32,7 +33,8 @@ from walsvc import (
     WALTruncated,
 )
 from walsvc.backends._file import FileMessageId
-from walsvc.backends._file._format import parse_frame_header, segment_seq
+from walsvc.backends._file._format import segment_seq
+from walsvc.backends._file._writer import RUNWAY
 
 
 def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
@@ -140,15 +142,7 @@ def _segments(root: Path, pchannel: str = "p") -> list[Path]:
 
 def _frames(path: Path) -> list[tuple[int, int, int]]:
     """(offset, first seq, count) of every frame in a segment file."""
-    data = path.read_bytes()
-    out = []
-    at = 0
-    while at < len(data):
-        header = parse_frame_header(data, at, at)
-        out.append((at, header.first_seq, header.count))
-        at = header.end
-    assert at == len(data)
-    return out
+    return [(h.offset, h.first_seq, h.count) for h in whole_frames(path.read_bytes())]
 
 
 # ---------------------------------------------------------------------------------------
@@ -543,6 +537,53 @@ async def test_sync_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync:
     assert [(m.message_id, m.payload) for m in got] == [
         (r.message_id, bytes([i])) for i, r in enumerate(results)
     ]
+
+
+@pytest.mark.parametrize("sync", ["always", "none"])
+async def test_the_runway_of_zeros_ahead_of_the_writer(tmp_path: Path, sync: str) -> None:
+    """``sync="always"`` keeps up to ``RUNWAY`` zero bytes past the last frame (so a
+    batch's ``fdatasync`` need not commit a new file size), never past ``segment_size``;
+    ``sync="none"`` writes frames only. A reopen keeps the runway and appends into it."""
+    url = _url(tmp_path)
+    segment_size = RUNWAY * 2
+    payloads = [bytes([i]) * 100 for i in range(30)]
+    async with await open_bare(url, "p", sync=sync, segment_size=segment_size) as wal:
+        for payload in payloads[:20]:
+            await wal.append(Message(payload=payload, vchannel="v"))
+    (path,) = _segments(tmp_path)
+    data = path.read_bytes()
+    end = whole_frames(data)[-1].end
+    if sync == "always":
+        assert end < len(data) <= end + RUNWAY  # extended by the batch that passes its end
+    else:
+        assert len(data) == end
+    async with await open_bare(url, "p", sync=sync, segment_size=segment_size) as wal:
+        for payload in payloads[20:]:
+            await wal.append(Message(payload=payload, vchannel="v"))
+        got = await _read_all(wal)
+    assert [m.payload for m in got] == payloads
+    (path,) = _segments(tmp_path)
+    assert len(path.read_bytes()) == (
+        len(data) if sync == "always" else whole_frames(path.read_bytes())[-1].end
+    )
+
+
+async def test_a_rolled_segment_ends_at_its_last_frame(tmp_path: Path) -> None:
+    """A segment holding a runway (written under a larger ``segment_size``) is cut to its
+    last frame when the writer rolls past it; readers cross into the next segment."""
+    url = _url(tmp_path)
+    async with await open_bare(url, "p", segment_size=RUNWAY * 2) as wal:
+        first = await wal.append(Message(payload=b"a" * 5000, vchannel="v"))
+    async with await open_bare(url, "p", segment_size=SMALL_SEGMENT) as wal:
+        second = await wal.append(Message(payload=b"b", vchannel="v"))
+        got = await _read_all(wal)
+    assert [(m.message_id, m.payload) for m in got] == [
+        (first.message_id, b"a" * 5000),
+        (second.message_id, b"b"),
+    ]
+    older, newest = _segments(tmp_path)
+    assert older.stat().st_size == whole_frames(older.read_bytes())[-1].end
+    assert whole_frames(newest.read_bytes())[0].first_seq == _seq(second.message_id)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _segments import durable_bytes, whole_frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,7 +39,6 @@ from walsvc.backends._file import FileMessageId
 from walsvc.backends._file._format import (
     FRAME_HEADER_SIZE,
     encode_frames,
-    parse_frame_header,
     segment_seq,
 )
 
@@ -147,14 +147,15 @@ async def _build(directory: Path) -> BaseLog:
                 )  # fmt: skip
         term = wal.term
     pdir = directory / PCHANNEL
+    # The damage below is placed relative to the last frame, so the base log keeps no
+    # runway (its effect has tests of its own, in (d)).
     files = {name: (pdir / name).read_bytes() for name in os.listdir(pdir)}
     frames = []
     for name in sorted(n for n in files if segment_seq(n) is not None):
-        data, at = files[name], 0
-        while at < len(data):
-            header = parse_frame_header(data, at, at)
-            frames.append(Frame(name, at, header.end, header.first_seq, header.count))
-            at = header.end
+        files[name] = durable_bytes(files[name])
+        frames += [
+            Frame(name, h.offset, h.end, h.first_seq, h.count) for h in whole_frames(files[name])
+        ]
     return BaseLog(files, expected, frames, term)
 
 
@@ -452,25 +453,27 @@ async def _assert_head_corrupt(root: Path) -> None:
 
 @PROPERTY
 @given(length=st.integers(1, 20_000))
-async def test_zeros_after_the_last_frame_are_cut(
+async def test_zeros_after_the_last_frame_are_a_clean_end(
     base_log: BaseLog, tmp_path: Path, length: int
 ) -> None:
-    """A crash can leave the file longer than what was written, the rest zeros."""
+    """Zeros after the last frame, as the writer's runway (or a crash that extended the
+    file) leaves them, end the log cleanly: every record is read, a read-write open
+    keeps the zeros, and the next append overwrites them."""
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     base_log.materialize(root)
     path = _segment_path(root, base_log.newest)
     with path.open("ab") as f:
         f.write(bytes(length))
     everything = len(base_log.expected)
-    read_only = await _outcome(root, read_only=True)  # the zeros lie past the durable end
-    assert not isinstance(read_only, CorruptRecord), read_only
-    _assert_prefix(read_only, base_log, everything)
-    outcome = await _outcome(root, read_only=False)
-    assert not isinstance(outcome, CorruptRecord), outcome
-    _assert_prefix(outcome, base_log, everything)
-    assert len(outcome) == everything
-    assert path.stat().st_size == len(base_log.files[base_log.newest])
+    for read_only in (True, False):
+        outcome = await _outcome(root, read_only=read_only)
+        assert not isinstance(outcome, CorruptRecord), outcome
+        _assert_prefix(outcome, base_log, everything)
+        assert len(outcome) == everything
+    assert path.stat().st_size == len(base_log.files[base_log.newest]) + length
     await _assert_appends_continue(root, base_log, everything)
+    newest = sorted(p for p in path.parent.iterdir() if segment_seq(p.name) is not None)[-1]
+    assert whole_frames(newest.read_bytes())[-1].end_seq == everything + 1
 
 
 def _torn_frame(base: BaseLog) -> bytes:

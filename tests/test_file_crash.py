@@ -256,10 +256,11 @@ def _check_log(
 
 
 def _segment_frames(data: bytes) -> list[tuple[int, int, int]]:
-    """(end offset, first seq, end seq) of the whole, valid frames at the start of ``data``."""
+    """(end offset, first seq, end seq) of the whole, valid frames at the start of ``data``
+    (up to the writer's zero-filled runway, if any)."""
     frames = []
     at = 0
-    while len(data) - at >= FRAME_HEADER_SIZE:
+    while len(data) - at >= FRAME_HEADER_SIZE and data[at : at + 4] != bytes(4):
         header = parse_frame_header(data, at, at)
         body = data[header.body_offset : header.end]
         if len(body) != header.body_length:
@@ -300,6 +301,7 @@ def _lose_power(directory: Path, rng: random.Random, durable_end: int) -> str:
         f.truncate(end)
         f.seek(end)
         f.write(torn)
+        f.truncate(max(len(data), f.tell()))  # the writer's zero-filled runway survives
     return f"{how} tail after byte {end} of {names[-1]}"
 
 

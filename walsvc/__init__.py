@@ -39,6 +39,7 @@ from ._filter import Filter
 from ._ids import MessageId, SequenceMessageId, unmarshal_message_id
 from ._message import (
     APPLICATION_TYPES,
+    EXCLUSIVE_TYPES,
     SYSTEM_TYPES,
     AppendResult,
     ImmutableMessage,
@@ -57,6 +58,7 @@ from ._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
 __all__ = (
     "APPLICATION_TYPES",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "EXCLUSIVE_TYPES",
     "SYSTEM_TYPES",
     "WAL",
     "AppendBatchNext",

@@ -54,8 +54,13 @@ TickListener: TypeAlias = Callable[[int], None]
 class Interceptor(Protocol):
     """Sees every append (``WAL.append``, transaction messages) of one WAL."""
 
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
-        """Append ``message`` by calling ``call_next`` (or answer without it)."""
+    def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
+        """Append ``message`` by calling ``call_next`` (or answer without it).
+
+        Usually an ``async def``; an interceptor with nothing to do for a message may be
+        a plain method that returns ``call_next(message)`` unawaited, which costs the
+        append one call instead of a coroutine frame.
+        """
         ...
 
 
@@ -65,10 +70,11 @@ class BatchInterceptor(Protocol):
     chain lacks it, ``append_many`` appends the messages one at a time through
     ``do_append`` (in order, but not necessarily contiguously)."""
 
-    async def do_append_batch(
+    def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
-        """Append ``messages`` in order by calling ``call_next`` (or otherwise)."""
+    ) -> Awaitable[list[AppendResult]]:
+        """Append ``messages`` in order by calling ``call_next`` (or otherwise); may pass
+        ``call_next(messages)`` through unawaited, as ``do_append`` may."""
         ...
 
 

@@ -17,6 +17,7 @@ from ._ids import MessageId
 
 __all__ = (
     "APPLICATION_TYPES",
+    "EXCLUSIVE_TYPES",
     "SYSTEM_TYPES",
     "AppendResult",
     "ImmutableMessage",
@@ -77,7 +78,7 @@ class MessageType(enum.IntEnum):
     @property
     def is_exclusive(self) -> bool:
         """True for DDL-like types that serialize per vchannel and fail its open txns."""
-        return self in _EXCLUSIVE_TYPES
+        return self in EXCLUSIVE_TYPES
 
 
 #: Types written by the WAL itself; never dropped by a type filter.
@@ -90,7 +91,8 @@ SYSTEM_TYPES = frozenset(
         MessageType.TXN,
     }
 )
-_EXCLUSIVE_TYPES = frozenset(
+#: DDL-like types that serialize per vchannel and fail its open transactions.
+EXCLUSIVE_TYPES = frozenset(
     {
         MessageType.CREATE_COLLECTION,
         MessageType.DROP_COLLECTION,

@@ -25,6 +25,8 @@ class Tail(NamedTuple):
     next_seq: int
     #: Timetick of the newest record in the segment (0 if it holds none).
     last_timetick: int
+    #: Size of the segment file: past ``offset`` it holds only zeros (the runway).
+    size: int
 
 
 def recover_tail(directory: LogDirectory, first_seq: int) -> Tail:
@@ -41,7 +43,7 @@ def recover_tail(directory: LogDirectory, first_seq: int) -> Tail:
         path = directory.segment_path(first_seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fsync_directory(directory.path)
-        return Tail(first_seq, fd, 0, first_seq, 0)
+        return Tail(first_seq, fd, 0, first_seq, 0, 0)
     segment = segments[-1]
     path = directory.segment_path(segment)
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -50,7 +52,7 @@ def recover_tail(directory: LogDirectory, first_seq: int) -> Tail:
     except BaseException:
         os.close(fd)
         raise
-    return Tail(segment, fd, offset, next_seq, last_timetick)
+    return Tail(segment, fd, offset, next_seq, last_timetick, os.fstat(fd).st_size)
 
 
 def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[int, int, int]:
@@ -71,6 +73,8 @@ def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[in
         offset = block.next_offset
         if block.stop == "block":
             continue
+        if block.stop in ("bad", "partial") and _only_zeros_after(fd, offset):
+            block.stop = "eof"  # the writer's zero-filled runway: a clean end
         if block.stop in ("bad", "partial") and not _is_torn(fd, offset, next_seq):
             error = block.error or f"frame at offset {offset} runs past the end of the file"
             raise CorruptRecord(f"{path}: {error}; valid frames follow it") from None
@@ -79,6 +83,19 @@ def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[in
             os.fsync(fd)
         last_timetick = 0 if last_body is None else last_timetick_of_run(last_body)
         return offset, next_seq, last_timetick
+
+
+def _only_zeros_after(fd: int, offset: int) -> bool:
+    """True if the file holds only zero bytes from ``offset`` to its end."""
+    size = os.fstat(fd).st_size
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
+        if not chunk:
+            break
+        if chunk.count(0) != len(chunk):
+            return False
+        offset += len(chunk)
+    return True
 
 
 def _is_torn(fd: int, offset: int, next_seq: int) -> bool:

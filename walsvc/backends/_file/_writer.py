@@ -2,6 +2,14 @@
 next batch, written with one ``write`` and one ``fdatasync`` in a worker thread. There is
 one thread hop per batch, never one per record.
 
+With ``sync="always"`` the writer keeps a zero-filled runway ahead of its write offset
+(up to ``RUNWAY`` bytes, never past ``segment_size``). Overwriting blocks the file already
+has lets ``fdatasync`` flush data only; appending past the end of the file would also
+commit the new size and extents to the journal, which doubles its cost here. The batch
+that reaches the end of the runway extends it (PostgreSQL zero-fills WAL segments for
+the same reason). A segment is cut to its last frame before the writer rolls to the next,
+so only the newest segment ever ends in zeros.
+
 Under the writers' lock, before each batch, the writer re-reads the head file's term: if
 a newer writer opened the pchannel, nothing more is written and every append raises
 ``WALFenced`` from then on.
@@ -14,6 +22,7 @@ import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Final
 
 from ..._codec import timetick_of
 from ..._errors import AppendOutcomeUnknown, InvalidArgument, WALClosed, WALError, WALFenced
@@ -23,7 +32,12 @@ from ._head import HeadState
 from ._ids import FileMessageId
 from ._recovery import Tail
 
-__all__ = ("GroupCommitWriter",)
+__all__ = ("RUNWAY", "GroupCommitWriter")
+
+#: Bytes of zeros the writer keeps ahead of its offset (``sync="always"`` only). Writing
+#: and syncing 1 MiB of zeros takes ~1.5 ms here (4 MiB: ~11 ms, a visible ack stall).
+RUNWAY: Final = 1 << 20
+_ZEROS: Final = bytes(1 << 20)
 
 
 class GroupCommitWriter:
@@ -45,6 +59,7 @@ class GroupCommitWriter:
         "_segment_size",
         "_sync",
         "_term",
+        "_zeroed_to",
     )
 
     def __init__(
@@ -55,6 +70,7 @@ class GroupCommitWriter:
         self._segment = tail.segment
         self._fd = tail.fd
         self._offset = tail.offset
+        self._zeroed_to = tail.size  # the segment file's size: zeros from _offset to here
         self._next_seq = tail.next_seq
         self._sync = sync
         self._segment_size = segment_size
@@ -155,12 +171,11 @@ class GroupCommitWriter:
                 )
             if self._offset >= self._segment_size:
                 self._roll(first)
-            view = memoryview(data)
             offset = self._offset
-            while view:
-                written = os.pwrite(self._fd, view, offset)
-                view = view[written:]
-                offset += written
+            _write_all(self._fd, data, offset)
+            offset += len(data)
+            if self._sync and offset > self._zeroed_to:
+                self._extend_runway(offset)
             if self._sync:
                 os.fdatasync(self._fd)
             self._offset = offset
@@ -170,15 +185,32 @@ class GroupCommitWriter:
         finally:
             head.unlock()
 
+    def _extend_runway(self, end: int) -> None:
+        """Worker thread: zero-fill from ``end`` (the end of the data just written, past
+        the old runway) up to ``RUNWAY`` further, but not past ``segment_size``. The
+        batch's own ``fdatasync`` makes the zeros durable."""
+        target = min(end + RUNWAY, self._segment_size)
+        at = end
+        while at < target:
+            at += os.pwrite(self._fd, memoryview(_ZEROS)[: target - at], at)
+        self._zeroed_to = max(end, target)
+
     def _roll(self, first: int) -> None:
-        """Worker thread, under the lock: start a new segment at record ``first``."""
+        """Worker thread, under the lock: start a new segment at record ``first``, after
+        cutting the old one to its last frame (a runway left there by a larger
+        ``segment_size`` of an earlier open)."""
+        if self._zeroed_to > self._offset:
+            # Durable before the next segment exists: readers take the end of a
+            # segment followed by another one as the end of its frames.
+            os.ftruncate(self._fd, self._offset)
+            os.fdatasync(self._fd)
+        elif not self._sync:
+            os.fdatasync(self._fd)
         path = self._directory.segment_path(first)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         fsync_directory(self._directory.path)
-        if not self._sync:
-            os.fdatasync(self._fd)
         os.close(self._fd)
-        self._fd, self._segment, self._offset = fd, first, 0
+        self._fd, self._segment, self._offset, self._zeroed_to = fd, first, 0, 0
 
     async def truncate(self, seq: int) -> None:
         """Drop records up to and including ``seq``: record the new start durably, then
@@ -218,6 +250,14 @@ class GroupCommitWriter:
             await asyncio.shield(self._flusher)
         self._executor.shutdown(wait=True)
         os.close(self._fd)
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
 
 
 def _fail(calls: list[tuple[asyncio.Future[list[FileMessageId]], int]], error: WALError) -> None:
