@@ -131,6 +131,21 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     txn: TxnContext | None = None
 
     def __post_init__(self) -> None:
+        if (  # the common message: checked in one expression
+            type(self.payload) is bytes
+            and type(self.vchannel) is str
+            and type(self.type) is MessageType
+            and type(self.properties) is dict
+            and not self.properties
+            and self.idempotency_key is None
+            and self.txn is None
+            and self.vchannel.isascii()
+            and len(self.vchannel) <= _MAX_VCHANNEL_BYTES
+        ):
+            return
+        self._validate()
+
+    def _validate(self) -> None:
         if type(self.payload) is not bytes:
             raise InvalidMessage(
                 f"payload must be bytes, not {type(self.payload).__name__}"

@@ -281,7 +281,8 @@ class WAL:
         last-confirmed id once it is durable."""
         if not self._writable:
             self._check_writable()
-        self._check_user_message(message)
+        if type(message) is not Message or message.type in SYSTEM_TYPES or message.txn is not None:
+            self._check_user_message(message)
         if self._ready is not None or self._ready_error is not None:
             await self._wait_ready()
         return await self._chain(message)

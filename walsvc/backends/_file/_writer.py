@@ -132,6 +132,7 @@ class GroupCommitWriter:
             _fail(calls, self._failure)
             return
         first = self._next_seq
+        offset, segment = self._offset, self._segment  # before the thread moves them
         try:
             data = encode_frames(first, records)
             last_timetick = timetick_of(records[-1])
@@ -143,7 +144,6 @@ class GroupCommitWriter:
         self._in_flight = True
         loop = self._loop
         assert loop is not None
-        offset, segment = self._offset, self._segment
         written.add_done_callback(
             lambda done: loop.call_soon_threadsafe(
                 self._finish, done, calls, first, len(records), offset, segment
