@@ -34,9 +34,11 @@ STALL_SECONDS = 120
 
 
 async def build_log(directory: str) -> None:
-    """Append RECORDS messages, vchannel ``v{i % 16}`` for the i-th."""
+    """Append RECORDS messages, vchannel ``v{i % 16}`` for the i-th, and nothing else (no
+    interceptors, so no TimeTicks: broadcasts would pass every vchannel filter)."""
     batch = [Message(payload=PAYLOAD, vchannel=VCHANNELS[i % 16]) for i in range(BUILD_BATCH)]
-    async with await walsvc.open_wal(f"file://{directory}", "p0", sync="none") as wal:
+    url = f"file://{directory}"
+    async with await walsvc.open_wal(url, "p0", sync="none", interceptors=[]) as wal:
         for _ in range(RECORDS // BUILD_BATCH):
             await wal.append_many(batch)
 
