@@ -56,21 +56,16 @@ class ExclusiveLock:
 
     async def _shared(self, message: Message, call_next: AppendNext) -> AppendResult:
         vchannel = message.vchannel
-        if self._gates:
+        gate = self._gates.get(vchannel)
+        while gate is not None:
+            await gate.opened.wait()
             gate = self._gates.get(vchannel)
-            while gate is not None:
-                await gate.opened.wait()
-                gate = self._gates.get(vchannel)
         in_flight = self._in_flight
         in_flight[vchannel] = in_flight.get(vchannel, 0) + 1
         try:
             return await call_next(message)
         finally:
-            count = in_flight[vchannel] - 1
-            if count:
-                in_flight[vchannel] = count
-            else:
-                self._drained(vchannel)
+            self._leave(vchannel)
 
     async def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
@@ -96,14 +91,11 @@ class ExclusiveLock:
                 self._leave(v)
 
     def _leave(self, vchannel: str) -> None:
+        """An append on ``vchannel`` finished; the last one wakes a pending DDL."""
         count = self._in_flight[vchannel] - 1
         if count:
             self._in_flight[vchannel] = count
-        else:
-            self._drained(vchannel)
-
-    def _drained(self, vchannel: str) -> None:
-        """The last in-flight append on ``vchannel`` finished: wake its pending DDL."""
+            return
         del self._in_flight[vchannel]
         gate = self._gates.get(vchannel)
         if gate is not None and gate.drained is not None:

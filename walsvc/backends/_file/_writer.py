@@ -40,7 +40,7 @@ _Call = tuple[asyncio.Future[list[FileMessageId]], int]
 #: Bytes of zeros the writer keeps ahead of its offset (``sync="always"`` only). Writing
 #: and syncing 1 MiB of zeros takes ~1.5 ms here (4 MiB: ~11 ms, a visible ack stall).
 RUNWAY: Final = 1 << 20
-_ZEROS: Final = bytes(1 << 20)
+_ZEROS: Final = bytes(RUNWAY)
 
 
 class GroupCommitWriter:
@@ -228,9 +228,8 @@ class GroupCommitWriter:
         the old runway) up to ``RUNWAY`` further, but not past ``segment_size``. The
         batch's own ``fdatasync`` makes the zeros durable."""
         target = min(end + RUNWAY, self._segment_size)
-        at = end
-        while at < target:
-            at += os.pwrite(self._fd, memoryview(_ZEROS)[: target - at], at)
+        if target > end:
+            _write_all(self._fd, memoryview(_ZEROS)[: target - end], end)
         self._zeroed_to = max(end, target)
 
     def _roll(self, first: int) -> None:
@@ -294,7 +293,8 @@ class GroupCommitWriter:
         os.close(self._fd)
 
 
-def _write_all(fd: int, data: bytes, offset: int) -> None:
+def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset`` (a short write continues)."""
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)
