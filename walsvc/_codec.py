@@ -42,6 +42,8 @@ __all__ = (
     "decode",
     "decode_run",
     "encode",
+    "encode_plain",
+    "last_confirmed_ext",
     "last_timetick_of_run",
     "peek",
     "timetick_of",
@@ -100,7 +102,26 @@ def encode(
     the message's own)."""
     if txn is None:
         txn = message.txn
-    vchannel = message.vchannel
+    if not message.properties and message.idempotency_key is None and txn is None:
+        ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
+        return encode_plain(message.type, message.vchannel, message.payload, timetick, term, ext)
+    ext = _ext_encode(
+        _Ext(
+            dict(message.properties),
+            None if last_confirmed is None else last_confirmed.marshal(),
+            txn,
+            message.idempotency_key,
+        )
+    )
+    return encode_plain(message.type, message.vchannel, message.payload, timetick, term, ext)
+
+
+def encode_plain(
+    type_: int, vchannel: str, payload: bytes, timetick: int, term: int, ext: bytes
+) -> bytes:
+    """The envelope of a message whose ext section is already encoded: ``b""`` for none,
+    ``last_confirmed_ext(id)`` for a message that carries only its last-confirmed id (the
+    common message; the WAL encodes it with one call)."""
     cached = _vchannel_utf8.get(vchannel)
     if cached is None:
         utf8 = vchannel.encode()
@@ -109,58 +130,18 @@ def encode(
             _vchannel_utf8.clear()
         _vchannel_utf8[vchannel] = cached
     vc_utf8, vc_hash = cached
-    payload = message.payload
-    if (
-        not message.properties
-        and message.idempotency_key is None
-        and last_confirmed is None
-        and txn is None
-    ):
-        # The common case, without an ext section: one pack, one concatenation.
-        total = HEADER_SIZE + len(vc_utf8) + len(payload)
-        if total > _MAX_TOTAL:
-            raise MessageTooLarge(f"an envelope holds at most {_MAX_TOTAL} bytes; this is {total}")
-        return (
-            _HEADER.pack(
-                VERSION, 0, message.type, total, vc_hash, len(vc_utf8), 0, timetick, term, 0
-            )
-            + vc_utf8
-            + payload
-        )
-    if not message.properties and message.idempotency_key is None and txn is None:
-        ext = _last_confirmed_ext(last_confirmed)
-    else:
-        ext = _ext_encode(
-            _Ext(
-                dict(message.properties),
-                None if last_confirmed is None else last_confirmed.marshal(),
-                txn,
-                message.idempotency_key,
-            )
-        )
     total = HEADER_SIZE + len(vc_utf8) + len(ext) + len(payload)
     if total > _MAX_TOTAL:
         raise MessageTooLarge(f"an envelope holds at most {_MAX_TOTAL} bytes; this is {total}")
     header = _HEADER.pack(
-        VERSION, 0, message.type, total, vc_hash, len(vc_utf8), 0, timetick, term, len(ext)
+        VERSION, 0, type_, total, vc_hash, len(vc_utf8), 0, timetick, term, len(ext)
     )
     return b"".join((header, vc_utf8, ext, payload))
 
 
-_last_ext: tuple[MessageId | None, bytes] = (None, b"")
-
-
-def _last_confirmed_ext(last_confirmed: MessageId | None) -> bytes:
-    """The ext section of a message whose only ext field is its last-confirmed id. Runs of
-    appends share one last-confirmed id, so the newest encoding is kept."""
-    global _last_ext
-    cached_id, ext = _last_ext
-    if cached_id is last_confirmed or cached_id == last_confirmed:
-        return ext
-    assert last_confirmed is not None
-    ext = _ext_encode(_Ext({}, last_confirmed.marshal()))
-    _last_ext = (last_confirmed, ext)
-    return ext
+def last_confirmed_ext(last_confirmed: MessageId) -> bytes:
+    """The ext section of a message whose only ext field is its last-confirmed id."""
+    return _ext_encode(_Ext({}, last_confirmed.marshal()))
 
 
 def _unpack_header(

@@ -28,7 +28,7 @@ from ._chain import (
     build_batch_chain,
     build_chain,
 )
-from ._codec import HEADER_SIZE, encode
+from ._codec import HEADER_SIZE, encode, encode_plain, last_confirmed_ext
 from ._deliver import DeliverPolicy
 from ._errors import (
     AppendOutcomeUnknown,
@@ -84,12 +84,14 @@ class WAL:
         "_chain",
         "_closed",
         "_confirmed",
+        "_confirmed_ext",
         "_confirmed_tick",
         "_data_tick",
         "_idle_ticks",
         "_last_acked",
         "_last_tick",
         "_max_message_size",
+        "_max_payload",
         "_members",
         "_pins",
         "_ready",
@@ -111,6 +113,7 @@ class WAL:
         self._backend = backend
         self._allocator = allocator
         self._max_message_size = max_message_size
+        self._max_payload = max_message_size - HEADER_SIZE
         self._closed = False
         self._writable = not backend.read_only
         self._term = backend.term
@@ -121,6 +124,7 @@ class WAL:
         self._last_acked: MessageId | None = None
         self._confirmed: MessageId | None = None
         self._confirmed_tick = 0
+        self._confirmed_ext = b""
         self._pins: dict[object, MessageId | None] = {}
         self._last_tick = 0
         self._data_tick = 0
@@ -211,23 +215,30 @@ class WAL:
     # -- the serialization point ------------------------------------------------------
 
     def _encode(self, message: Message) -> tuple[bytes, int, MessageId | None]:
-        if len(message.payload) + HEADER_SIZE > self._max_message_size:
+        payload = message.payload
+        if len(payload) > self._max_payload:
             raise MessageTooLarge(
-                f"message payload of {len(message.payload)} bytes exceeds max_message_size"
+                f"message payload of {len(payload)} bytes exceeds max_message_size"
                 f" {self._max_message_size}"
             )
         tick = self._allocator.allocate()
-        pins = self._pins
-        if pins:
-            last_confirmed = next(iter(pins.values()))
+        if self._pins:
+            last_confirmed = next(iter(self._pins.values()))
+            record = encode(message, timetick=tick, term=self._term, last_confirmed=last_confirmed)
         else:
             # A slightly older last-confirmed id is as good a resume point (readers skip
             # by timetick), and one shared by a run of appends is encoded once.
-            if self._confirmed is None or tick - self._confirmed_tick > _CONFIRM_STEP:
-                self._confirmed = self._last_acked
-                self._confirmed_tick = tick
+            if tick - self._confirmed_tick > _CONFIRM_STEP or self._confirmed is None:
+                self._confirm(tick)
             last_confirmed = self._confirmed
-        record = encode(message, timetick=tick, term=self._term, last_confirmed=last_confirmed)
+            if message.properties or message.idempotency_key is not None or message.txn:
+                record = encode(
+                    message, timetick=tick, term=self._term, last_confirmed=last_confirmed
+                )
+            else:  # the common message: one call, the ext section encoded once per run
+                record = encode_plain(
+                    message.type, message.vchannel, payload, tick, self._term, self._confirmed_ext
+                )
         if len(record) > self._max_message_size:
             raise MessageTooLarge(
                 f"encoded message of {len(record)} bytes exceeds max_message_size"
@@ -235,6 +246,12 @@ class WAL:
             )
         self._last_tick = self._data_tick = tick
         return record, tick, last_confirmed
+
+    def _confirm(self, tick: int) -> None:
+        """Refresh the last-confirmed id new envelopes carry (and its encoded form)."""
+        confirmed = self._confirmed = self._last_acked
+        self._confirmed_tick = tick
+        self._confirmed_ext = b"" if confirmed is None else last_confirmed_ext(confirmed)
 
     async def _serialize(self, message: Message) -> AppendResult:
         """The innermost step of every chain: tick, last-confirmed id, envelope, backend."""
@@ -246,10 +263,7 @@ class WAL:
         except WALError:
             raise
         except Exception as exc:
-            raise AppendOutcomeUnknown(
-                f"appending to {self.pchannel!r} failed after the record was handed to the"
-                f" backend ({exc!r}); it may or may not be in the log"
-            ) from exc
+            raise self._outcome_unknown(exc) from exc
         message_id = ids[0]
         self._last_acked = message_id
         return AppendResult(message_id, tick, last_confirmed)
@@ -264,15 +278,18 @@ class WAL:
         except WALError:
             raise
         except Exception as exc:
-            raise AppendOutcomeUnknown(
-                f"appending to {self.pchannel!r} failed after the records were handed to the"
-                f" backend ({exc!r}); they may or may not be in the log"
-            ) from exc
+            raise self._outcome_unknown(exc) from exc
         self._last_acked = ids[-1]
         return [
             AppendResult(i, tick, last_confirmed)
             for i, (_, tick, last_confirmed) in zip(ids, encoded, strict=True)
         ]
+
+    def _outcome_unknown(self, exc: Exception) -> AppendOutcomeUnknown:
+        return AppendOutcomeUnknown(
+            f"appending to {self.pchannel!r} failed after the record(s) were handed to the"
+            f" backend ({exc!r}); they may or may not be in the log"
+        )
 
     # -- appends ----------------------------------------------------------------------
 

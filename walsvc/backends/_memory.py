@@ -113,9 +113,10 @@ class MemoryBackend(Backend):
             )
 
     def append(self, records: Sequence[bytes]) -> _Ids:
-        self._check_writer()
         log = self._log
-        first = log.end_seq
+        if self._closed or log.term != self.term:
+            self._check_writer()
+        first = log.first_seq + len(log.records)
         log.records += records
         log.last_record = records[-1]
         if log.waiters:
