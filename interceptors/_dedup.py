@@ -61,6 +61,9 @@ class Dedup:
     ``max_age`` (seconds, measured in timeticks) bounds how long a key is remembered and
     how much log the rebuild on open reads."""
 
+    #: Messages without a key pass straight through (see ``walsvc._chain``).
+    passes_plain_messages: Final = True
+
     __slots__ = ("_age_ticks", "_context", "_max_keys", "_window", "rebuilt")
 
     def __init__(

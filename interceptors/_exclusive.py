@@ -4,13 +4,19 @@ DropPartition and ManualFlush serialize per vchannel.
 An exclusive message on vchannel V waits until every append on V that started before it
 finished, holds back appends on V that start after it, rolls back V's open transactions
 (their RollbackTxns land before it), and only then is appended. Appends on other
-vchannels are not affected. The broadcast vchannel "" is a vchannel of its own here.
+vchannels are not affected.
+
+The broadcast vchannel "" reaches every vchannel, and the lock treats it so: a broadcast
+append counts as an append on every vchannel (a DDL on V waits for it, and holds it back),
+and a broadcast DDL is exclusive against everything: it waits for the DDLs already
+running and for every append in flight, holds back all appends and DDLs that start after
+it, and rolls back every open transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import final
 
 from walsvc import EXCLUSIVE_TYPES, AppendResult, Message
@@ -18,21 +24,20 @@ from walsvc._chain import AppendBatchNext, AppendNext
 
 __all__ = ("ExclusiveLock",)
 
-#: Rolls back the open transactions of a vchannel, with a reason.
+#: Rolls back the open transactions of a vchannel ("" for all), with a reason.
 AbortVchannel = Callable[[str, str], Awaitable[None]]
+_BROADCAST = ""
 
 
 @final
 class _Gate:
     """One vchannel's exclusive section: closed while an exclusive message is pending."""
 
-    __slots__ = ("drained", "lock", "opened", "pending")
+    __slots__ = ("lock", "pending")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()  # exclusive messages of the vchannel, one at a time
         self.pending = 0  # exclusive messages waiting or running
-        self.opened = asyncio.Event()
-        self.drained: asyncio.Event | None = None
 
 
 @final
@@ -41,25 +46,21 @@ class ExclusiveLock:
     transactions through ``abort_transactions`` (the default chain wires it to
     ``Transactions.abort_vchannel``)."""
 
-    __slots__ = ("_abort", "_gates", "_in_flight")
+    __slots__ = ("_abort", "_gates", "_in_flight", "_waiters")
 
     def __init__(self, abort_transactions: AbortVchannel | None = None) -> None:
         self._abort = abort_transactions
-        self._in_flight: dict[str, int] = {}
-        self._gates: dict[str, _Gate] = {}
+        self._in_flight: dict[str, int] = {}  # appends past the gates, per vchannel
+        self._gates: dict[str, _Gate] = {}  # vchannels with exclusive messages pending
+        self._waiters: list[asyncio.Future[None]] = []  # woken when either changes
 
-    def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
         """Exclusive messages take their vchannel's gate; others pass it (or wait)."""
         if message.type in EXCLUSIVE_TYPES:
-            return self._exclusive(message, call_next)
-        return self._shared(message, call_next)
-
-    async def _shared(self, message: Message, call_next: AppendNext) -> AppendResult:
+            return await self._exclusive(message, call_next)
         vchannel = message.vchannel
-        gate = self._gates.get(vchannel)
-        while gate is not None:
-            await gate.opened.wait()
-            gate = self._gates.get(vchannel)
+        if self._gates and self._held(vchannel):
+            await self._wait_until(lambda: not self._held(vchannel))
         in_flight = self._in_flight
         in_flight[vchannel] = in_flight.get(vchannel, 0) + 1
         try:
@@ -76,11 +77,8 @@ class ExclusiveLock:
             one = _single(call_next)
             return [await self.do_append(message, one) for message in messages]
         vchannels = {m.vchannel for m in messages}
-        while any(v in self._gates for v in vchannels):
-            for v in vchannels:
-                gate = self._gates.get(v)
-                if gate is not None:
-                    await gate.opened.wait()
+        if self._gates and any(self._held(v) for v in vchannels):
+            await self._wait_until(lambda: not any(self._held(v) for v in vchannels))
         in_flight = self._in_flight
         for v in vchannels:
             in_flight[v] = in_flight.get(v, 0) + 1
@@ -90,39 +88,60 @@ class ExclusiveLock:
             for v in vchannels:
                 self._leave(v)
 
+    def _held(self, vchannel: str) -> bool:
+        """True while a pending exclusive message holds back appends on ``vchannel``."""
+        gates = self._gates
+        return bool(gates) and (vchannel == _BROADCAST or vchannel in gates or _BROADCAST in gates)
+
+    def _must_wait_for(self, vchannel: str) -> bool:
+        """True while appends an exclusive message on ``vchannel`` waits for are in
+        flight (and, for a broadcast one, while other exclusive messages run)."""
+        if vchannel == _BROADCAST:
+            return bool(self._in_flight) or len(self._gates) > 1
+        return vchannel in self._in_flight or _BROADCAST in self._in_flight
+
     def _leave(self, vchannel: str) -> None:
-        """An append on ``vchannel`` finished; the last one wakes a pending DDL."""
+        """An append on ``vchannel`` finished; the last one may let a DDL go."""
         count = self._in_flight[vchannel] - 1
         if count:
             self._in_flight[vchannel] = count
             return
         del self._in_flight[vchannel]
-        gate = self._gates.get(vchannel)
-        if gate is not None and gate.drained is not None:
-            gate.drained.set()
+        if self._waiters:
+            self._wake()
+
+    async def _wait_until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _exclusive(self, message: Message, call_next: AppendNext) -> AppendResult:
         vchannel = message.vchannel
+        if vchannel != _BROADCAST and _BROADCAST in self._gates:
+            await self._wait_until(lambda: _BROADCAST not in self._gates)
         gate = self._gates.get(vchannel)
         if gate is None:
             gate = self._gates[vchannel] = _Gate()
         gate.pending += 1
         try:
             async with gate.lock:
-                if self._in_flight.get(vchannel):
-                    gate.drained = asyncio.Event()
-                    await gate.drained.wait()
-                    gate.drained = None
+                await self._wait_until(lambda: not self._must_wait_for(vchannel))
                 if self._abort is not None:
-                    await self._abort(
-                        vchannel, f"an exclusive {message.type.name} message on its vchannel"
-                    )
+                    where = "its vchannel" if vchannel else "the broadcast vchannel"
+                    await self._abort(vchannel, f"an exclusive {message.type.name} on {where}")
                 return await call_next(message)
         finally:
             gate.pending -= 1
             if not gate.pending:
                 del self._gates[vchannel]
-                gate.opened.set()
+                self._wake()
 
 
 def _single(call_next: AppendBatchNext) -> AppendNext:

@@ -68,6 +68,8 @@ class Transactions:
 
     #: Marks the chain member ``WAL.begin_txn`` relies on.
     manages_transactions: Final = True
+    #: Messages without a transaction context pass straight through (see ``walsvc._chain``).
+    passes_plain_messages: Final = True
 
     __slots__ = ("_context", "_ended", "_expiring", "_listening", "_sessions")
 
@@ -216,9 +218,13 @@ class Transactions:
 
     async def abort_vchannel(self, vchannel: str, reason: str) -> None:
         """Roll back every open transaction on ``vchannel`` (an exclusive message is about
-        to be appended there) and wait until their RollbackTxns are durable."""
+        to be appended there) and wait until their RollbackTxns are durable. The broadcast
+        vchannel "" reaches every vchannel: for it, every open transaction is rolled back,
+        and broadcast transactions are rolled back for any vchannel."""
         doomed = [
-            s for s in self._sessions.values() if s.vchannel == vchannel and s.state is _State.OPEN
+            s
+            for s in self._sessions.values()
+            if s.state is _State.OPEN and (s.vchannel == vchannel or "" in (vchannel, s.vchannel))
         ]
         for session in doomed:
             await self._abort(

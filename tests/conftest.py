@@ -4,6 +4,8 @@
 - A skipped test fails the session: a test that cannot run (a broker that won't start, a
   missing extra) must say so loudly. Known deviations are strict ``xfail``s, not skips.
 - Randomness comes from the ``seed`` fixture, which prints how to reproduce a failure.
+- ``clock`` (an injected wall clock) and ``url`` (memory and file) serve the interceptor
+  tests.
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import uuid
 from collections.abc import Callable, Generator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import uvloop  # Required in the test environment: without it the loop matrix is a lie.
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from _chain_support import FakeClock
 
 pytest_plugins = ("pytester",)
 
@@ -121,3 +129,19 @@ def seed_value(request: pytest.FixtureRequest) -> int:
 def seed(seed_value: int) -> random.Random:
     """A ``random.Random`` seeded with ``seed_value``; a failing test prints the seed."""
     return random.Random(seed_value)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """Wall-clock milliseconds that move only when the test says so (``clock.ms += n``)."""
+    from _chain_support import FakeClock  # here: the harness tests copy this file alone
+
+    return FakeClock()
+
+
+@pytest.fixture(params=["memory", "file"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh WAL location, once on ``memory://`` and once on ``file://``."""
+    if request.param == "memory":
+        return f"memory://{uuid.uuid4().hex}"
+    return f"file://{tmp_path / 'log'}"

@@ -31,6 +31,8 @@ __all__ = (
     "TickListener",
     "build_batch_chain",
     "build_chain",
+    "is_plain",
+    "passes_plain_messages",
 )
 
 
@@ -59,7 +61,10 @@ class Interceptor(Protocol):
 
         Usually an ``async def``; an interceptor with nothing to do for a message may be
         a plain method that returns ``call_next(message)`` unawaited, which costs the
-        append one call instead of a coroutine frame.
+        append one call instead of a coroutine frame. An interceptor that passes every
+        plain message through (no idempotency key, no txn: see ``is_plain``) can say so
+        with a class attribute ``passes_plain_messages = True``; the WAL then does not
+        call it for them at all.
         """
         ...
 
@@ -193,23 +198,41 @@ class AsyncScanner(Protocol):
     async def aclose(self) -> None: ...
 
 
-def build_chain(members: Iterable[ChainMember], terminal: AppendNext) -> AppendNext:
-    """Compose the interceptors of ``members`` (first = outermost) around ``terminal``."""
+def is_plain(message: Message) -> bool:
+    """True for a message without an idempotency key or a transaction context: most
+    appends, and the ones interceptors marked ``passes_plain_messages`` never see."""
+    return message.idempotency_key is None and message.txn is None
+
+
+def passes_plain_messages(member: ChainMember) -> bool:
+    """True if ``member`` declares (a true class attribute ``passes_plain_messages``)
+    that it hands plain messages (see ``is_plain``) and batches of them to ``call_next``
+    unchanged and unobserved. The WAL leaves such members out of the chain it runs plain
+    messages through, which saves each of them a call per append."""
+    return getattr(member, "passes_plain_messages", False) is True
+
+
+def build_chain(
+    members: Iterable[ChainMember], terminal: AppendNext, *, plain: bool = False
+) -> AppendNext:
+    """Compose the interceptors of ``members`` (first = outermost) around ``terminal``;
+    with ``plain``, the chain for plain messages (members that pass them are left out)."""
     call = terminal
     for member in reversed(list(members)):
-        if isinstance(member, Interceptor):
+        if isinstance(member, Interceptor) and not (plain and passes_plain_messages(member)):
             call = _bind(member.do_append, call)
     return call
 
 
 def build_batch_chain(
-    members: Iterable[ChainMember], terminal: AppendBatchNext
+    members: Iterable[ChainMember], terminal: AppendBatchNext, *, plain: bool = False
 ) -> AppendBatchNext | None:
-    """Compose the batch handlers of ``members`` around ``terminal``; None if some
-    interceptor has no batch handler (batches then go one message at a time)."""
+    """Compose the batch handlers of ``members`` around ``terminal`` (``plain`` as for
+    ``build_chain``); None if some member of it has no batch handler (batches then go
+    one message at a time)."""
     call = terminal
     for member in reversed(list(members)):
-        if isinstance(member, Interceptor):
+        if isinstance(member, Interceptor) and not (plain and passes_plain_messages(member)):
             if not isinstance(member, BatchInterceptor):
                 return None
             call = _bind_batch(member.do_append_batch, call)

@@ -82,6 +82,8 @@ class WAL:
         "_backend",
         "_batch_chain",
         "_chain",
+        "_plain_batch_chain",
+        "_plain_chain",
         "_closed",
         "_confirmed",
         "_confirmed_ext",
@@ -121,6 +123,12 @@ class WAL:
         self._members = tuple(interceptors)
         self._chain: AppendNext = build_chain(self._members, self._serialize)
         self._batch_chain = build_batch_chain(self._members, self._serialize_batch)
+        # Plain messages (no idempotency key, no txn: most appends) skip the members that
+        # declare they pass them through.
+        self._plain_chain = build_chain(self._members, self._serialize, plain=True)
+        self._plain_batch_chain = build_batch_chain(
+            self._members, self._serialize_batch, plain=True
+        )
         self._last_acked: MessageId | None = None
         self._confirmed: MessageId | None = None
         self._confirmed_tick = 0
@@ -302,6 +310,8 @@ class WAL:
             self._check_user_message(message)
         if self._ready is not None or self._ready_error is not None:
             await self._wait_ready()
+        if message.idempotency_key is None:  # and no txn: a plain message
+            return await self._plain_chain(message)
         return await self._chain(message)
 
     async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
@@ -319,9 +329,12 @@ class WAL:
             return []
         if self._ready is not None or self._ready_error is not None:
             await self._wait_ready()
-        if self._batch_chain is not None:
-            return await self._batch_chain(batch)
-        return [await self._chain(message) for message in batch]
+        plain = all(m.idempotency_key is None for m in batch)  # no txn either: checked
+        batch_chain = self._plain_batch_chain if plain else self._batch_chain
+        if batch_chain is not None:
+            return await batch_chain(batch)
+        chain = self._plain_chain if plain else self._chain
+        return [await chain(message) for message in batch]
 
     async def _append_internal(self, message: Message) -> AppendResult:
         """Append a message the WAL built (transaction control and body) through the chain."""

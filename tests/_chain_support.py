@@ -1,0 +1,51 @@
+"""What the interceptor tests share: an injected clock, WAL openers and log helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import interceptors
+import walsvc
+from walsvc import HybridClock, ImmutableMessage, Message
+
+__all__ = ("FakeClock", "data", "log_of", "member", "open_manual")
+
+
+class FakeClock:
+    """Wall-clock milliseconds that move only when a test says so."""
+
+    def __init__(self) -> None:
+        self.ms = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+async def open_manual(url: str, clock: FakeClock, **kwargs: Any) -> walsvc.WAL:
+    """A WAL on the fake clock whose timetick sync runs only when the test says so."""
+    kwargs.setdefault("interceptors", interceptors.default_chain(sync_interval=None))
+    wal = await walsvc.open_wal(url, "p0", timetick_allocator=HybridClock(now_ms=clock), **kwargs)
+    await wal.wait_ready()
+    return wal
+
+
+def member(wal: walsvc.WAL, kind: type[Any]) -> Any:
+    (found,) = [m for m in wal.interceptors if isinstance(m, kind)]
+    return found
+
+
+async def log_of(wal: walsvc.WAL) -> list[ImmutableMessage]:
+    """Everything in the log, up to the newest message."""
+    latest = await wal.latest_message_id()
+    out: list[ImmutableMessage] = []
+    async with wal.read() as scanner:
+        async for message in scanner:
+            if message.persisted:
+                out.append(message)
+            if message.message_id == latest:
+                return out
+    return out
+
+
+def data(payload: bytes, vchannel: str = "v1", **kwargs: Any) -> Message:
+    return Message(payload=payload, vchannel=vchannel, **kwargs)

@@ -1,0 +1,137 @@
+"""The interceptor chain: order, rewriting, short-circuits, ready hooks, misuse."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import _faulty
+import pytest
+from _chain_support import data, log_of
+
+import walsvc
+from interceptors import Dedup, Redo
+from walsvc import (
+    AppendResult,
+    Message,
+    MessageType,
+)
+from walsvc._chain import AppendNext
+from walsvc.testing import memory_wal
+
+_faulty.register()
+
+
+class Recorder:
+    """Records the order in which chain members see an append."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name = name
+        self.calls = calls
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        self.calls.append(f"{self.name}>")
+        result = await call_next(message)
+        self.calls.append(f"<{self.name}")
+        return result
+
+
+async def test_the_first_interceptor_is_outermost() -> None:
+    calls: list[str] = []
+    chain = [Recorder("a", calls), Recorder("b", calls)]
+    async with await walsvc.open_wal(
+        f"memory://{uuid.uuid4().hex}", "p", interceptors=chain
+    ) as wal:
+        await wal.append(data(b"x"))
+    assert calls == ["a>", "b>", "<b", "<a"]
+
+
+async def test_an_interceptor_may_rewrite_and_short_circuit() -> None:
+    class Upper:
+        async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+            return await call_next(
+                Message(payload=message.payload.upper(), vchannel=message.vchannel)
+            )
+
+    class Cache:
+        def __init__(self) -> None:
+            self.last: AppendResult | None = None
+
+        async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+            if message.payload == b"again" and self.last is not None:
+                return self.last
+            self.last = await call_next(message)
+            return self.last
+
+    async with await walsvc.open_wal(
+        f"memory://{uuid.uuid4().hex}", "p", interceptors=[Cache(), Upper()]
+    ) as wal:
+        first = await wal.append(data(b"hello"))
+        assert await wal.append(data(b"again")) == first
+        log = await log_of(wal)
+    assert [m.payload for m in log if m.type is MessageType.INSERT] == [b"HELLO"]
+
+
+async def test_appends_wait_for_ready_and_reads_do_not() -> None:
+    release = asyncio.Event()
+
+    class Slow:
+        async def ready(self, context: walsvc.InterceptorContext) -> None:
+            await release.wait()
+
+    name = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(name, "p", interceptors=[]) as wal:
+        before = await wal.append(data(b"before"))
+    async with await walsvc.open_wal(name, "p", interceptors=[Slow()]) as wal:
+        append = asyncio.ensure_future(wal.append(data(b"x")))
+        async with wal.read() as scanner:
+            assert (await anext(scanner)).message_id == before.message_id  # not held back
+            await asyncio.sleep(0)
+            assert not append.done()
+            release.set()
+            result = await append
+            assert (await anext(scanner)).message_id == result.message_id
+
+
+async def test_a_failed_ready_fails_every_append() -> None:
+    class Broken:
+        async def ready(self, context: walsvc.InterceptorContext) -> None:
+            raise walsvc.CorruptRecord("cannot rebuild")
+
+    async with await walsvc.open_wal(
+        f"memory://{uuid.uuid4().hex}", "p", interceptors=[Broken()]
+    ) as wal:
+        for _ in range(2):
+            with pytest.raises(walsvc.CorruptRecord, match="cannot rebuild"):
+                await wal.append(data(b"x"))
+
+
+async def test_user_messages_cannot_be_system_or_transaction_messages() -> None:
+    async with await memory_wal() as wal:
+        for type_ in walsvc.SYSTEM_TYPES:
+            with pytest.raises(walsvc.InvalidMessage, match="written by the WAL"):
+                await wal.append(data(b"", type=type_))
+        forged = data(b"", txn=walsvc.TxnContext(1, 1000))
+        with pytest.raises(walsvc.InvalidMessage, match="begin_txn"):
+            await wal.append(forged)
+        with pytest.raises(walsvc.InvalidMessage):
+            await wal.append_many([data(b"ok"), forged])
+
+
+async def test_read_only_takes_no_interceptors_and_txns_need_the_interceptor() -> None:
+    name = f"memory://{uuid.uuid4().hex}"
+    with pytest.raises(walsvc.InvalidArgument, match="read-only"):
+        await walsvc.open_wal(name, "p", read_only=True, interceptors=[Redo()])
+    async with await walsvc.open_wal(name, "p", interceptors=[]) as wal:
+        with pytest.raises(walsvc.InvalidArgument, match="transaction interceptor"):
+            await wal.begin_txn("v1")
+
+
+async def test_an_interceptor_serves_one_wal() -> None:
+    dedup = Dedup()
+    name = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(name, "a", interceptors=[dedup]) as wal:
+        await wal.append(data(b"x"))
+    async with await walsvc.open_wal(name, "b", interceptors=[dedup]) as wal:
+        with pytest.raises(RuntimeError, match="serves one WAL"):
+            await wal.append(data(b"x"))

@@ -1,0 +1,101 @@
+"""Timetick sync: the opening tick, persisted and idle ticks, last-confirmed ids.
+Time is an injected clock; no test sleeps to wait for a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import _faulty
+import pytest
+from _chain_support import FakeClock, data, log_of, member, open_manual
+
+import walsvc
+from interceptors import TimetickSync
+from walsvc import (
+    DeliverPolicy,
+    MessageType,
+)
+
+_faulty.register()
+
+
+async def test_open_writes_a_timetick_and_ticks_increase_across_restarts(
+    url: str, clock: FakeClock
+) -> None:
+    ticks: list[int] = []
+    for round_ in range(3):
+        async with await open_manual(url, clock) as wal:
+            await wal.append(data(b"r%d" % round_))
+            await wal.append_many([data(b"a"), data(b"b")])
+        clock.ms -= 60_000  # the wall clock steps back between restarts
+    async with await walsvc.open_wal(url, "p0", read_only=True) as wal:
+        log = await log_of(wal)
+    ticks = [m.timetick for m in log]
+    assert ticks == sorted(ticks)
+    assert len(set(ticks)) == len(ticks)
+    kinds = [m.type for m in log]
+    assert kinds.count(MessageType.TIME_TICK) == 3  # one per open
+    assert kinds[0] is MessageType.TIME_TICK
+
+
+async def test_sync_persists_only_after_appends_and_idle_ticks_reach_tailing_readers(
+    url: str, clock: FakeClock
+) -> None:
+    async with await open_manual(url, clock) as wal:
+        sync = member(wal, TimetickSync)
+        assert await sync.sync_once() is None  # nothing appended, nobody listening
+        sent = await wal.append(data(b"x"))
+        clock.ms += 10
+        persisted = await sync.sync_once()
+        assert persisted is not None
+        assert persisted > sent.timetick
+        async with wal.read(DeliverPolicy.start_after(sent.message_id)) as scanner:
+            tick = await anext(scanner)
+            assert (tick.type, tick.timetick, tick.persisted) == (
+                MessageType.TIME_TICK,
+                persisted,
+                True,
+            )
+            latest = await wal.latest_message_id()
+            waiting = asyncio.ensure_future(anext(scanner))
+            await asyncio.sleep(0)  # the scanner is now waiting at the end of the log
+            clock.ms += 10
+            idle = await sync.sync_once()
+            got = await waiting
+        assert idle is not None
+        assert idle > persisted
+        assert (got.timetick, got.persisted, got.message_id) == (idle, False, latest)
+        assert got.last_confirmed_id is not None
+        assert await wal.latest_message_id() == latest  # idle ticks are not written
+
+
+async def test_every_message_carries_a_last_confirmed_id_at_or_before_itself(url: str) -> None:
+    async with await walsvc.open_wal(url, "p0") as wal:
+        results = [await wal.append(data(b"%d" % i)) for i in range(5)]
+        results += await wal.append_many([data(b"m")] * 3)
+        log = await log_of(wal)
+    for result in results:
+        assert result.last_confirmed_id is not None
+        assert result.last_confirmed_id < result.message_id
+    for message in log[1:]:
+        assert message.last_confirmed_id is not None
+        assert message.last_confirmed_id < message.message_id
+
+
+async def test_the_timer_persists_a_tick_after_appends() -> None:
+    """The real timer (10 ms): a tailing reader gets a persisted TimeTick after data."""
+    async with await walsvc.open_wal(f"memory://{uuid.uuid4().hex}", "p") as wal:
+        sent = await wal.append(data(b"x"))
+        async with wal.read(DeliverPolicy.start_after(sent.message_id)) as scanner:
+            async with asyncio.timeout(10):
+                tick = await anext(scanner)
+        assert tick.type is MessageType.TIME_TICK
+        assert tick.persisted
+        assert tick.timetick > sent.timetick
+
+
+def test_sync_interval_is_validated() -> None:
+    for bad in (0, -1, float("nan"), True, "10ms"):
+        with pytest.raises(ValueError, match="interval"):
+            TimetickSync(bad)  # type: ignore[arg-type]

@@ -1,0 +1,193 @@
+"""Transactions: begin/body/commit in the log, rollback, misuse, expiry by timetick,
+commit waiting for bodies. Time is an injected clock; no test sleeps for a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+
+import _faulty
+import pytest
+from _chain_support import FakeClock, data, log_of, member, open_manual
+
+import interceptors
+import scanners
+import walsvc
+from interceptors import TimetickSync, Transactions
+from walsvc import (
+    AppendResult,
+    Message,
+    MessageType,
+)
+from walsvc._chain import AppendNext
+from walsvc.testing import memory_wal
+
+_faulty.register()
+
+
+async def test_a_transaction_is_begin_body_commit_in_the_log(url: str) -> None:
+    async with await walsvc.open_wal(url, "p0") as wal:
+        async with wal.txn("v1") as txn:
+            body = [await txn.append(data(b"b%d" % i)) for i in range(3)]
+        assert txn.state is walsvc.TxnState.COMMITTED
+        assert txn.commit_result is not None
+        log = await log_of(wal)
+    mine = [m for m in log if m.txn is not None]
+    assert [m.type for m in mine] == [
+        MessageType.BEGIN_TXN,
+        MessageType.INSERT,
+        MessageType.INSERT,
+        MessageType.INSERT,
+        MessageType.COMMIT_TXN,
+    ]
+    assert {m.txn for m in mine} == {txn.context}
+    assert [m.message_id for m in mine[1:4]] == [r.message_id for r in body]
+    # While the transaction was open, every message pointed back at (or before) its begin.
+    begin = mine[0]
+    for message in mine[1:]:
+        assert message.last_confirmed_id is not None
+        assert message.last_confirmed_id < begin.message_id
+
+
+async def test_an_error_in_the_block_rolls_back(url: str) -> None:
+    async with await walsvc.open_wal(url, "p0") as wal:
+        txn = None
+
+        async def failing_block() -> None:
+            nonlocal txn
+            async with wal.txn("v1") as txn:
+                await txn.append(data(b"b"))
+                raise KeyError("boom")
+
+        with pytest.raises(KeyError):
+            await failing_block()
+        assert txn is not None
+        assert txn.state is walsvc.TxnState.ROLLED_BACK
+        log = await log_of(wal)
+    assert log[-1].type is MessageType.ROLLBACK_TXN
+    assert log[-1].txn == txn.context
+
+
+async def test_misuse_of_a_transaction_gets_typed_errors() -> None:
+    async with await memory_wal() as wal:
+        txn = await wal.begin_txn("v1")
+        with pytest.raises(walsvc.InvalidMessage, match="vchannel"):
+            await txn.append(data(b"x", vchannel="v2"))
+        with pytest.raises(walsvc.InvalidMessage, match="cannot be part"):
+            await txn.append(data(b"x", type=MessageType.CREATE_COLLECTION))
+        with pytest.raises(walsvc.InvalidMessage):
+            await txn.append(data(b"x", idempotency_key="k"))
+        await txn.commit()
+        with pytest.raises(walsvc.TxnNotActive):
+            await txn.append(data(b"x"))
+        with pytest.raises(walsvc.TxnNotActive):
+            await txn.commit()
+        with pytest.raises(walsvc.TxnNotActive):
+            await txn.rollback()
+        for bad in (0, -1, "10", float("inf")):
+            with pytest.raises(walsvc.InvalidArgument):
+                await wal.begin_txn("v1", keepalive=bad)  # type: ignore[arg-type]
+
+
+async def test_unknown_transactions_are_refused() -> None:
+    transactions = Transactions()
+    async with await walsvc.open_wal(
+        f"memory://{uuid.uuid4().hex}", "p", interceptors=[transactions]
+    ) as wal:
+        await wal.append(data(b"ready"))  # binds the interceptors
+
+        async def never(message: Message) -> AppendResult:
+            raise AssertionError("must not reach the log")
+
+        forged = data(b"x", txn=walsvc.TxnContext(12345, 1000))
+        with pytest.raises(walsvc.UnknownTxn):
+            await transactions.do_append(forged, never)
+        ended = await wal.begin_txn("v1")
+        await ended.rollback()
+        body = data(b"x", txn=ended.context)
+        with pytest.raises(walsvc.TxnNotActive, match="rolled back"):
+            await transactions.do_append(body, never)
+
+
+async def test_an_idle_transaction_expires_by_timetick(url: str, clock: FakeClock) -> None:
+    async with await open_manual(url, clock) as wal:
+        sync = member(wal, TimetickSync)
+        txn = await wal.begin_txn("v1", keepalive=1.0)
+        clock.ms += 900
+        await txn.append(data(b"renews"))  # keepalive now runs to +1.9 s
+        clock.ms += 900
+        await sync.sync_once()
+        await txn.append(data(b"still open"))
+        clock.ms += 1001
+        await sync.sync_once()  # a tick past the keepalive: rolled back
+        with pytest.raises(walsvc.TxnExpired, match="expired"):
+            await txn.append(data(b"late"))
+        with pytest.raises(walsvc.TxnExpired):
+            await txn.commit()
+    # Closing waited for the RollbackTxn being written in the background.
+    async with await walsvc.open_wal(url, "p0", read_only=True) as wal:
+        log = await log_of(wal)
+    mine = [m for m in log if m.txn == txn.context]
+    assert [m.type for m in mine][-1] is MessageType.ROLLBACK_TXN
+    assert len(mine) == 4  # begin, two bodies, rollback
+
+
+async def test_commit_waits_for_in_flight_body_appends() -> None:
+    gate = asyncio.Event()
+    order: list[str] = []
+
+    class HoldBodies:
+        async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+            if message.txn is not None and message.type is MessageType.INSERT:
+                await gate.wait()
+            result = await call_next(message)
+            order.append(message.type.name)
+            return result
+
+    chain = [*interceptors.default_chain(sync_interval=None), HoldBodies()]
+    async with await walsvc.open_wal(
+        f"memory://{uuid.uuid4().hex}", "p", interceptors=chain
+    ) as wal:
+        txn = await wal.begin_txn("v1")
+        body = asyncio.ensure_future(txn.append(data(b"slow")))
+        await asyncio.sleep(0)
+        commit = asyncio.ensure_future(txn.commit())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not commit.done()
+        gate.set()
+        await body
+        await commit
+    assert order == ["BEGIN_TXN", "INSERT", "COMMIT_TXN"]
+
+
+async def test_a_failed_body_append_aborts_the_transaction() -> None:
+    name = uuid.uuid4().hex
+    async with await walsvc.open_wal(f"{_faulty.SCHEME}://{name}", "p") as wal:
+        txn = await wal.begin_txn("v1")
+        _faulty.FaultyBackend.faults["p"] = ["lost-write"]
+        with pytest.raises(walsvc.AppendOutcomeUnknown):
+            await txn.append(data(b"x"))
+        with pytest.raises(walsvc.TxnError):
+            await txn.commit()
+    async with await walsvc.open_wal(f"{_faulty.SCHEME}://{name}", "p", read_only=True) as wal:
+        log = await log_of(wal)
+    assert log[-1].type is MessageType.ROLLBACK_TXN
+
+
+async def test_filters_still_see_system_messages() -> None:
+    async with await memory_wal() as wal:
+        async with wal.txn("v1") as txn:
+            await txn.append(data(b"x"))
+        selected: Sequence[walsvc.Filter] = [
+            scanners.vchannel("v1"),
+            scanners.types(MessageType.DELETE),
+        ]
+        async with wal.read(filters=selected) as scanner:
+            got = [await anext(scanner) for _ in range(3)]
+    assert [m.type for m in got] == [
+        MessageType.TIME_TICK,
+        MessageType.BEGIN_TXN,
+        MessageType.COMMIT_TXN,
+    ]
