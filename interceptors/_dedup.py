@@ -21,21 +21,21 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Final, final
 
 from walsvc import (
     AppendOutcomeUnknown,
     AppendResult,
     DeliverPolicy,
-    Filter,
-    ImmutableMessage,
     Message,
     MessageId,
     WALError,
 )
 from walsvc._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc._timetick import span_of_ms
+
+from ._reading import read_through
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
 
@@ -94,7 +94,7 @@ class Dedup:
         if latest is None:
             return
         floor = max(0, newest - self._age_ticks)
-        async for message in _read_through(context, DeliverPolicy.all(), latest, floor):
+        async for message in read_through(context, DeliverPolicy.all(), latest, floor):
             if message.idempotency_key is not None and message.txn is None:
                 entry = _Entry()
                 entry.result = AppendResult(
@@ -209,7 +209,7 @@ class Dedup:
             return None
         start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
         vchannel, idempotency_key = key
-        async for message in _read_through(context, start, latest, 0):
+        async for message in read_through(context, start, latest, 0):
             if (
                 message.idempotency_key == idempotency_key
                 and message.vchannel == vchannel
@@ -243,18 +243,3 @@ def _collect(task: asyncio.Future[None]) -> None:
     """Mark a background task's outcome as seen."""
     if not task.cancelled():
         task.exception()
-
-
-async def _read_through(
-    context: InterceptorContext, start: DeliverPolicy, last: MessageId, min_timetick: int
-) -> AsyncIterator[ImmutableMessage]:
-    """The messages from ``start`` through ``last`` (inclusive) with a tick >=
-    ``min_timetick``; ``last`` itself must pass that floor (it is the newest message)."""
-    scanner = context.read(start, [Filter(min_timetick=min_timetick)])
-    try:
-        async for message in scanner:
-            yield message
-            if not message.message_id < last:
-                return
-    finally:
-        await scanner.aclose()

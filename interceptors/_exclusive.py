@@ -16,7 +16,7 @@ it, and rolls back every open transaction.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import final
 
 from walsvc import EXCLUSIVE_TYPES, AppendResult, Message

@@ -20,7 +20,9 @@ from typing import Final, final
 
 from walsvc import (
     AppendResult,
+    DeliverPolicy,
     Message,
+    MessageId,
     MessageType,
     TxnAborted,
     TxnContext,
@@ -29,9 +31,12 @@ from walsvc import (
     TxnNotActive,
     UnknownTxn,
     WALError,
+    WALTruncated,
 )
 from walsvc._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc._timetick import span_of_ms
+
+from ._reading import read_through
 
 __all__ = ("Transactions",)
 
@@ -71,10 +76,19 @@ class Transactions:
     #: Messages without a transaction context pass straight through (see ``walsvc._chain``).
     passes_plain_messages: Final = True
 
-    __slots__ = ("_context", "_ended", "_expiring", "_listening", "_sessions")
+    __slots__ = (
+        "_context",
+        "_ended",
+        "_expiring",
+        "_listening",
+        "_sessions",
+        "rolled_back_on_open",
+    )
 
     def __init__(self) -> None:
         self._context: InterceptorContext | None = None
+        #: How many transactions of earlier writers ``ready`` found open and rolled back.
+        self.rolled_back_on_open = 0
         self._sessions: dict[int, _Session] = {}
         self._ended: OrderedDict[int, TxnError] = OrderedDict()
         self._expiring: set[asyncio.Task[None]] = set()
@@ -86,10 +100,20 @@ class Transactions:
         return len(self._sessions)
 
     async def ready(self, context: InterceptorContext) -> None:
-        """Bind to the WAL."""
+        """Bind to the WAL and roll back the transactions an earlier writer left open."""
         if self._context is not None:
             raise RuntimeError("a Transactions interceptor serves one WAL")
         self._context = context
+        left_open = await _left_open(context)
+        for txn, vchannel in left_open:
+            self._ended[txn.txn_id] = TxnAborted(
+                f"transaction {txn.txn_id}: the writer that began it stopped; rolled back"
+            )
+            rollback = Message(
+                payload=b"", vchannel=vchannel, type=MessageType.ROLLBACK_TXN, txn=txn
+            )
+            await context.append_system(rollback)
+        self.rolled_back_on_open = len(left_open)
 
     def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
         """Check transaction messages against their session; pass others through."""
@@ -311,3 +335,35 @@ class Transactions:
             self._end(session, TxnAborted(f"transaction {session.context.txn_id}: the WAL closed"))
         if self._expiring:
             await asyncio.gather(*self._expiring, return_exceptions=True)
+
+
+async def _left_open(context: InterceptorContext) -> list[tuple[TxnContext, str]]:
+    """The transactions begun in the log but neither committed nor rolled back, in begin
+    order, with their vchannels. Every one began at or after the last-confirmed id of the
+    newest message (the WAL holds that id while its interceptors recover), so only the
+    log from there is read (all of what is retained, if that id was truncated)."""
+    latest = await context.latest_message_id()
+    if latest is None:
+        return []
+    start = context.last_confirmed_id()
+    if start is not None:
+        try:
+            return await _scan_for_open(context, DeliverPolicy.start_from(start), latest)
+        except WALTruncated:
+            pass
+    return await _scan_for_open(context, DeliverPolicy.all(), latest)
+
+
+async def _scan_for_open(
+    context: InterceptorContext, deliver: DeliverPolicy, latest: MessageId
+) -> list[tuple[TxnContext, str]]:
+    open_txns: dict[int, tuple[TxnContext, str]] = {}
+    async for message in read_through(context, deliver, latest):
+        txn = message.txn
+        if txn is None:
+            continue
+        if message.type is MessageType.BEGIN_TXN:
+            open_txns[txn.txn_id] = (txn, message.vchannel)
+        elif message.type is MessageType.COMMIT_TXN or message.type is MessageType.ROLLBACK_TXN:
+            open_txns.pop(txn.txn_id, None)
+    return list(open_txns.values())

@@ -191,3 +191,42 @@ async def test_filters_still_see_system_messages() -> None:
         MessageType.BEGIN_TXN,
         MessageType.COMMIT_TXN,
     ]
+
+
+async def test_a_transaction_left_open_by_an_earlier_writer_is_rolled_back_on_open(
+    url: str,
+) -> None:
+    async with await walsvc.open_wal(url, "p0") as wal:
+        finished = await wal.begin_txn("v1")
+        await finished.append(data(b"kept"))
+        await finished.commit()
+        left = await wal.begin_txn("v2")
+        body = await left.append(data(b"orphan", vchannel="v2"))
+        # Closing ends the handle without writing: the log has the begin and body only.
+    async with await walsvc.open_wal(url, "p0") as wal:
+        await wal.wait_ready()
+        assert member(wal, Transactions).rolled_back_on_open == 1
+        after = await wal.append(data(b"after"))
+        log = await log_of(wal)
+    rollbacks = [m for m in log if m.type is MessageType.ROLLBACK_TXN]
+    assert [m.txn for m in rollbacks] == [left.context]
+    assert rollbacks[0].vchannel == "v2"
+    assert rollbacks[0].message_id < after.message_id
+    opening = [m for m in log if m.type is MessageType.TIME_TICK][-1]
+    begin = next(m for m in log if m.type is MessageType.BEGIN_TXN and m.txn == left.context)
+    # While the new writer recovered, its messages kept the orphan's begin in view.
+    assert opening.last_confirmed_id is not None
+    assert opening.last_confirmed_id <= begin.message_id < body.message_id
+    assert rollbacks[0].last_confirmed_id is not None
+    assert rollbacks[0].last_confirmed_id <= begin.message_id
+
+
+async def test_nothing_is_rolled_back_when_every_transaction_ended(url: str) -> None:
+    async with await walsvc.open_wal(url, "p0") as wal:
+        async with wal.txn("v1") as txn:
+            await txn.append(data(b"x"))
+        rolled = await wal.begin_txn("v1")
+        await rolled.rollback()
+    async with await walsvc.open_wal(url, "p0") as wal:
+        await wal.wait_ready()
+        assert member(wal, Transactions).rolled_back_on_open == 0

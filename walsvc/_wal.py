@@ -38,6 +38,7 @@ from ._errors import (
     WALClosed,
     WALError,
     WALReadOnly,
+    WALTruncated,
 )
 from ._filter import Filter
 from ._ids import MessageId
@@ -63,6 +64,8 @@ _EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
 #: Envelopes carry a last-confirmed id refreshed once this many ticks passed since the
 #: last refresh: at least every millisecond of the hybrid clock, and every 256 appends.
 _CONFIRM_STEP: Final = 255
+#: The last-confirmed pin held while a writer's interceptors recover (_hold_recovered_checkpoint).
+_RECOVERY: Final = object()
 
 
 @final
@@ -82,8 +85,6 @@ class WAL:
         "_backend",
         "_batch_chain",
         "_chain",
-        "_plain_batch_chain",
-        "_plain_chain",
         "_closed",
         "_confirmed",
         "_confirmed_ext",
@@ -96,6 +97,8 @@ class WAL:
         "_max_payload",
         "_members",
         "_pins",
+        "_plain_batch_chain",
+        "_plain_chain",
         "_ready",
         "_ready_error",
         "_scanners",
@@ -148,9 +151,28 @@ class WAL:
             self._ready = asyncio.get_running_loop().create_task(self._run_ready(ready))
 
     async def _run_ready(self, members: list[ReadyInterceptor]) -> None:
+        await self._hold_recovered_checkpoint()
         context = _Context(self)
         for member in members:
             await member.ready(context)
+        self._pins.pop(_RECOVERY, None)
+
+    async def _hold_recovered_checkpoint(self) -> None:
+        """Before the ready hooks run: until they finish, new messages (the opening
+        TimeTick, rollbacks of orphaned transactions) carry the last-confirmed id of the
+        newest message in the log, so a transaction an earlier writer left open stays
+        visible from every checkpoint written meanwhile."""
+        latest = await self._backend.latest_message_id()
+        if latest is None:
+            return
+        scanner = self._backend.read(DeliverPolicy.start_from(latest), Filter.everything())
+        try:
+            (newest, *_) = await scanner.next_batch()
+        except WALTruncated:
+            return  # nothing retained: nothing left open
+        finally:
+            await scanner.aclose()
+        self._pins[_RECOVERY] = newest.last_confirmed_id
 
     async def wait_ready(self) -> None:
         """Wait until every interceptor's ``ready`` hook finished (the first append waits

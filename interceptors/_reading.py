@@ -1,0 +1,27 @@
+"""Reading the WAL's own log from inside an interceptor (recovery on open, resolving an
+ambiguous append): a bounded stretch of the log, up to a known newest message."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from walsvc import DeliverPolicy, Filter, ImmutableMessage, MessageId
+from walsvc._chain import InterceptorContext
+
+__all__ = ("read_through",)
+
+
+async def read_through(
+    context: InterceptorContext, start: DeliverPolicy, last: MessageId, min_timetick: int = 0
+) -> AsyncIterator[ImmutableMessage]:
+    """The persisted messages from ``start`` through ``last`` (inclusive) with a tick >=
+    ``min_timetick``; ``last`` itself must pass that floor (it is the newest message)."""
+    scanner = context.read(start, [Filter(min_timetick=min_timetick)])
+    try:
+        async for message in scanner:
+            if message.persisted:
+                yield message
+            if not message.message_id < last:
+                return
+    finally:
+        await scanner.aclose()
