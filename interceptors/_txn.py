@@ -19,8 +19,10 @@ from collections.abc import Awaitable, Sequence
 from typing import Final, final
 
 from walsvc import (
+    AppendOutcomeUnknown,
     AppendResult,
     DeliverPolicy,
+    ImmutableMessage,
     Message,
     MessageId,
     MessageType,
@@ -52,12 +54,22 @@ class _State(enum.Enum):
 
 @final
 class _Session:
-    __slots__ = ("context", "drained", "expires_at", "in_flight", "pin", "state", "vchannel")
+    __slots__ = (
+        "begin_id",
+        "context",
+        "drained",
+        "expires_at",
+        "in_flight",
+        "pin",
+        "state",
+        "vchannel",
+    )
 
     def __init__(self, context: TxnContext, vchannel: str, pin: object) -> None:
         self.context = context
         self.vchannel = vchannel
         self.pin = pin
+        self.begin_id: MessageId | None = None
         self.state = _State.BEGIN
         self.expires_at = 0
         self.in_flight = 0
@@ -109,10 +121,7 @@ class Transactions:
             self._ended[txn.txn_id] = TxnAborted(
                 f"transaction {txn.txn_id}: the writer that began it stopped; rolled back"
             )
-            rollback = Message(
-                payload=b"", vchannel=vchannel, type=MessageType.ROLLBACK_TXN, txn=txn
-            )
-            await context.append_system(rollback)
+            await context.append_system(_rollback_of(txn, vchannel))
         self.rolled_back_on_open = len(left_open)
 
     def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
@@ -174,6 +183,7 @@ class Transactions:
         except BaseException:
             self._end(session, TxnAborted(f"transaction {txn.txn_id}: its BeginTxn failed"))
             raise
+        session.begin_id = result.message_id
         if session.state is _State.BEGIN:  # not aborted meanwhile
             session.state = _State.OPEN
             session.renew(result.timetick)
@@ -220,11 +230,34 @@ class Transactions:
             raise type(ended)(str(ended))
         try:
             result = await call_next(message)
+        except AppendOutcomeUnknown:
+            # The CommitTxn may be in the log: read it before saying anything.
+            return await self._resolve_commit(session)
         except BaseException as exc:
             self._end(session, TxnAborted(f"transaction {txn_id}: its commit failed ({exc!r})"))
             raise
         self._end(session, TxnNotActive(f"transaction {txn_id} is committed"))
         return result
+
+    async def _resolve_commit(self, session: _Session) -> AppendResult:
+        """After an ambiguous commit: the CommitTxn's result if the log has it; otherwise
+        roll back and raise ``TxnAborted``; if the log cannot be read, end the session
+        and raise ``AppendOutcomeUnknown`` (readers see whichever end the log holds)."""
+        txn_id = session.context.txn_id
+        try:
+            found = await _find_end(self._bound(), session)
+        except WALError as exc:
+            self._end(session, TxnNotActive(f"transaction {txn_id}: its commit is unresolved"))
+            raise AppendOutcomeUnknown(
+                f"transaction {txn_id}: the commit may or may not be in the log, and the log"
+                f" could not be read to tell ({exc!r})"
+            ) from exc
+        if found is not None and found.type is MessageType.COMMIT_TXN:
+            self._end(session, TxnNotActive(f"transaction {txn_id} is committed"))
+            return AppendResult(found.message_id, found.timetick, found.last_confirmed_id)
+        error = TxnAborted(f"transaction {txn_id}: its commit was not written; rolled back")
+        await self._abort(session, error)
+        raise error
 
     async def _rollback(
         self, session: _Session, message: Message, call_next: AppendNext
@@ -285,14 +318,8 @@ class Transactions:
         """Best effort: if the WAL cannot write, readers drop the body once its keepalive
         runs out."""
         context = self._bound()
-        rollback = Message(
-            payload=b"",
-            vchannel=session.vchannel,
-            type=MessageType.ROLLBACK_TXN,
-            txn=session.context,
-        )
         try:
-            await context.append_system(rollback)
+            await context.append_system(_rollback_of(session.context, session.vchannel))
         except WALError:
             pass
 
@@ -337,6 +364,26 @@ class Transactions:
             await asyncio.gather(*self._expiring, return_exceptions=True)
 
 
+async def _find_end(context: InterceptorContext, session: _Session) -> ImmutableMessage | None:
+    """The CommitTxn or RollbackTxn of ``session`` in the log (read from its BeginTxn
+    through the newest message), or None."""
+    latest = await context.latest_message_id()
+    if latest is None or session.begin_id is None:
+        return None
+    start = DeliverPolicy.start_from(session.begin_id)
+    async for message in read_through(context, start, latest):
+        if message.txn == session.context and message.type in _ENDS:
+            return message
+    return None
+
+
+def _rollback_of(txn: TxnContext, vchannel: str) -> Message:
+    return Message(payload=b"", vchannel=vchannel, type=MessageType.ROLLBACK_TXN, txn=txn)
+
+
+_ENDS: Final = frozenset({MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN})
+
+
 async def _left_open(context: InterceptorContext) -> list[tuple[TxnContext, str]]:
     """The transactions begun in the log but neither committed nor rolled back, in begin
     order, with their vchannels. Every one began at or after the last-confirmed id of the
@@ -364,6 +411,6 @@ async def _scan_for_open(
             continue
         if message.type is MessageType.BEGIN_TXN:
             open_txns[txn.txn_id] = (txn, message.vchannel)
-        elif message.type is MessageType.COMMIT_TXN or message.type is MessageType.ROLLBACK_TXN:
+        elif message.type in _ENDS:
             open_txns.pop(txn.txn_id, None)
     return list(open_txns.values())

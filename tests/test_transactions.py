@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import _faulty
 import pytest
@@ -230,3 +231,46 @@ async def test_nothing_is_rolled_back_when_every_transaction_ended(url: str) -> 
     async with await walsvc.open_wal(url, "p0") as wal:
         await wal.wait_ready()
         assert member(wal, Transactions).rolled_back_on_open == 0
+
+
+async def _faulty_commit(fault: str, *, unreadable: bool = False) -> tuple[Any, list[Any]]:
+    """Commit a one-body transaction whose CommitTxn append meets ``fault``; return what
+    the commit returned or raised, and the log."""
+    name = f"{_faulty.SCHEME}://{uuid.uuid4().hex}"
+    chain = interceptors.default_chain(sync_interval=None)
+    pchannel = f"c{uuid.uuid4().hex[:8]}"
+    async with await walsvc.open_wal(name, pchannel, interceptors=chain) as wal:
+        txn = await wal.begin_txn("v1")
+        await txn.append(data(b"body"))
+        _faulty.FaultyBackend.faults[pchannel] = [fault]
+        if unreadable:
+            _faulty.FaultyBackend.unreadable.add(pchannel)
+        try:
+            outcome: Any = await txn.commit()
+        except walsvc.WALError as exc:
+            outcome = exc
+        finally:
+            _faulty.FaultyBackend.unreadable.discard(pchannel)
+        log = await log_of(wal)
+    return outcome, log
+
+
+async def test_an_ambiguous_commit_that_landed_is_a_commit() -> None:
+    outcome, log = await _faulty_commit("lost-ack")
+    (commit,) = [m for m in log if m.type is MessageType.COMMIT_TXN]
+    assert outcome == AppendResult(commit.message_id, commit.timetick, commit.last_confirmed_id)
+    assert not any(m.type is MessageType.ROLLBACK_TXN for m in log)
+
+
+async def test_an_ambiguous_commit_that_did_not_land_is_rolled_back() -> None:
+    outcome, log = await _faulty_commit("lost-write")
+    assert isinstance(outcome, walsvc.TxnAborted)
+    assert "not written" in str(outcome)
+    assert [m.type for m in log if m.txn is not None][-1] is MessageType.ROLLBACK_TXN
+    assert not any(m.type is MessageType.COMMIT_TXN for m in log)
+
+
+async def test_an_ambiguous_commit_stays_unknown_while_the_log_cannot_be_read() -> None:
+    outcome, _ = await _faulty_commit("lost-ack", unreadable=True)
+    assert isinstance(outcome, walsvc.AppendOutcomeUnknown)
+    assert "could not be read" in str(outcome)
