@@ -27,6 +27,7 @@ from ._chain import (
     TickListener,
     build_batch_chain,
     build_chain,
+    is_plain,
 )
 from ._codec import HEADER_SIZE, encode, encode_plain, last_confirmed_ext
 from ._deliver import DeliverPolicy
@@ -87,9 +88,10 @@ class WAL:
         "_chain",
         "_closed",
         "_confirmed",
-        "_confirmed_ext",
         "_confirmed_tick",
         "_data_tick",
+        "_ext",
+        "_ext_id",
         "_idle_ticks",
         "_last_acked",
         "_last_tick",
@@ -135,7 +137,8 @@ class WAL:
         self._last_acked: MessageId | None = None
         self._confirmed: MessageId | None = None
         self._confirmed_tick = 0
-        self._confirmed_ext = b""
+        self._ext_id: MessageId | None = None  # the last-confirmed id _ext encodes
+        self._ext = b""
         self._pins: dict[object, MessageId | None] = {}
         self._last_tick = 0
         self._data_tick = 0
@@ -254,21 +257,22 @@ class WAL:
         tick = self._allocator.allocate()
         if self._pins:
             last_confirmed = next(iter(self._pins.values()))
-            record = encode(message, timetick=tick, term=self._term, last_confirmed=last_confirmed)
         else:
             # A slightly older last-confirmed id is as good a resume point (readers skip
             # by timetick), and one shared by a run of appends is encoded once.
             if tick - self._confirmed_tick > _CONFIRM_STEP or self._confirmed is None:
-                self._confirm(tick)
+                self._confirmed = self._last_acked
+                self._confirmed_tick = tick
             last_confirmed = self._confirmed
-            if message.properties or message.idempotency_key is not None or message.txn:
-                record = encode(
-                    message, timetick=tick, term=self._term, last_confirmed=last_confirmed
-                )
-            else:  # the common message: one call, the ext section encoded once per run
-                record = encode_plain(
-                    message.type, message.vchannel, payload, tick, self._term, self._confirmed_ext
-                )
+        if message.properties or message.idempotency_key is not None or message.txn:
+            record = encode(message, timetick=tick, term=self._term, last_confirmed=last_confirmed)
+        else:  # the common message: one call; the ext section is encoded once per id
+            if last_confirmed is not self._ext_id:
+                self._ext_id = last_confirmed
+                self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
+            record = encode_plain(
+                message.type, message.vchannel, payload, tick, self._term, self._ext
+            )
         if len(record) > self._max_message_size:
             raise MessageTooLarge(
                 f"encoded message of {len(record)} bytes exceeds max_message_size"
@@ -276,12 +280,6 @@ class WAL:
             )
         self._last_tick = self._data_tick = tick
         return record, tick, last_confirmed
-
-    def _confirm(self, tick: int) -> None:
-        """Refresh the last-confirmed id new envelopes carry (and its encoded form)."""
-        confirmed = self._confirmed = self._last_acked
-        self._confirmed_tick = tick
-        self._confirmed_ext = b"" if confirmed is None else last_confirmed_ext(confirmed)
 
     async def _serialize(self, message: Message) -> AppendResult:
         """The innermost step of every chain: tick, last-confirmed id, envelope, backend."""
@@ -351,7 +349,7 @@ class WAL:
             return []
         if self._ready is not None or self._ready_error is not None:
             await self._wait_ready()
-        plain = all(m.idempotency_key is None for m in batch)  # no txn either: checked
+        plain = all(map(is_plain, batch))
         batch_chain = self._plain_batch_chain if plain else self._batch_chain
         if batch_chain is not None:
             return await batch_chain(batch)
