@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from walsvc import Filter
+from walsvc._filter import Filter
 
 __all__ = ("timetick_gt", "timetick_gte", "types", "vchannel")
 

@@ -35,10 +35,10 @@ def member(wal: walsvc.WAL, kind: type[Any]) -> Any:
 
 
 async def log_of(wal: walsvc.WAL) -> list[ImmutableMessage]:
-    """Everything in the log, up to the newest message."""
+    """Everything in the log as stored, up to the newest message."""
     latest = await wal.latest_message_id()
     out: list[ImmutableMessage] = []
-    async with wal.read() as scanner:
+    async with wal.read(raw=True) as scanner:
         async for message in scanner:
             if message.persisted:
                 out.append(message)

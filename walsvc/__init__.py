@@ -15,7 +15,7 @@ from ._chain import (
     ReadyInterceptor,
 )
 from ._codec import EnvelopeHeader, peek
-from ._deliver import DeliverPolicy
+from ._deliver import Checkpoint, DeliverPolicy
 from ._errors import (
     AppendOutcomeUnknown,
     BackendUnavailable,
@@ -23,7 +23,10 @@ from ._errors import (
     InvalidArgument,
     InvalidMessage,
     MessageTooLarge,
+    RoutingMismatch,
+    SubscriptionBusy,
     TxnAborted,
+    TxnBufferFull,
     TxnError,
     TxnExpired,
     TxnNotActive,
@@ -48,8 +51,10 @@ from ._message import (
     TxnContext,
     producer_key,
 )
+from ._node import Node, open_node
 from ._open import open_wal
 from ._registry import known_schemes, register_backend
+from ._routing import Routing
 from ._scanner import Scanner
 from ._timetick import HybridClock, TimetickAllocator
 from ._txn import Txn, TxnState
@@ -68,6 +73,7 @@ __all__ = (
     "BackendUnavailable",
     "BatchInterceptor",
     "ChainMember",
+    "Checkpoint",
     "ClosingInterceptor",
     "CorruptRecord",
     "DeliverPolicy",
@@ -83,12 +89,17 @@ __all__ = (
     "MessageId",
     "MessageTooLarge",
     "MessageType",
+    "Node",
     "ReadyInterceptor",
+    "Routing",
+    "RoutingMismatch",
     "Scanner",
     "SequenceMessageId",
+    "SubscriptionBusy",
     "TimetickAllocator",
     "Txn",
     "TxnAborted",
+    "TxnBufferFull",
     "TxnContext",
     "TxnError",
     "TxnExpired",
@@ -102,6 +113,7 @@ __all__ = (
     "WALReadOnly",
     "WALTruncated",
     "known_schemes",
+    "open_node",
     "open_wal",
     "peek",
     "producer_key",

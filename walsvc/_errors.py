@@ -13,7 +13,10 @@ __all__ = (
     "InvalidArgument",
     "InvalidMessage",
     "MessageTooLarge",
+    "RoutingMismatch",
+    "SubscriptionBusy",
     "TxnAborted",
+    "TxnBufferFull",
     "TxnError",
     "TxnExpired",
     "TxnNotActive",
@@ -109,3 +112,18 @@ class UnknownTxn(TxnError):
 
 class UnknownBackend(WALError):
     """No backend is registered for the URL scheme, or its optional extra is not installed."""
+
+
+class TxnBufferFull(WALError):
+    """A scanner's transaction buffer would exceed its limit: the open transactions it
+    holds have more body bytes than ``WAL.read(txn_buffer_bytes=...)`` allows. Nothing was
+    delivered out of order or dropped; reopen the scanner with a larger limit."""
+
+
+class SubscriptionBusy(WALError):
+    """Another scanner of this process already reads with the same subscription name."""
+
+
+class RoutingMismatch(InvalidArgument):
+    """The pchannels given to ``open_node`` differ from the routing stored with the log;
+    changing the routing is an explicit migration (``open_node(..., migrate=True)``)."""

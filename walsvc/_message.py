@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from ._deliver import Checkpoint
 from ._errors import InvalidMessage
 from ._ids import MessageId
 
@@ -222,6 +223,11 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
     hands to its own tailing scanners without writing them (their ``message_id`` is the
     newest durable message's).
 
+    A committed transaction reaches readers as one ``MessageType.TXN`` message: its id,
+    timetick, last-confirmed id and term are its CommitTxn's, and ``body`` holds the body
+    messages (each carrying the commit's timetick) in log order. ``body`` is empty for
+    every other message.
+
     Because walsvc assigns timeticks where appends are serialized, log order equals
     timetick order: a delivered message also confirms every tick up to its own (all
     messages with a smaller tick are durable and before it), so readers never wait for a
@@ -239,6 +245,13 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
     idempotency_key: str | None
     term: int
     persisted: bool = True
+    body: tuple[ImmutableMessage, ...] = ()
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """Where a reader that handled this message resumes: (last-confirmed id, timetick);
+        see ``DeliverPolicy.from_checkpoint``."""
+        return Checkpoint(self.last_confirmed_id, self.timetick)
 
 
 class AppendResult(msgspec.Struct, frozen=True):

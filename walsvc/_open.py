@@ -10,7 +10,7 @@ from ._chain import ChainMember
 from ._errors import InvalidArgument, UnknownBackend
 from ._registry import backend_class
 from ._timetick import HybridClock, TimetickAllocator
-from ._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
+from ._wal import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TAIL_CACHE_AGE, DEFAULT_TAIL_CACHE_BYTES, WAL
 from .backends import Backend
 
 __all__ = ("open_wal",)
@@ -26,6 +26,8 @@ async def open_wal(
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     timetick_allocator: TimetickAllocator | None = None,
     interceptors: Sequence[ChainMember] | None = None,
+    tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES,
+    tail_cache_age: float = DEFAULT_TAIL_CACHE_AGE,
     **options: Any,
 ) -> WAL:
     """Open one pchannel of the log at ``url`` and return the WAL (an async context
@@ -47,6 +49,10 @@ async def open_wal(
     waits for them, reads do not. ``interceptors=[]`` gives a bare WAL: no TimeTicks,
     no dedup, no transactions. A read-only WAL has no chain.
 
+    A writer keeps the newest messages in a tail cache its scanners share, bounded by
+    ``tail_cache_bytes`` (0 turns it off) and ``tail_cache_age`` seconds; it holds
+    entries only while a scanner is open.
+
     Raises ``UnknownBackend`` for an unknown scheme or a missing extra,
     ``InvalidArgument`` for a malformed URL, pchannel or option value, and
     ``BackendUnavailable`` if the backend cannot be reached.
@@ -61,6 +67,16 @@ async def open_wal(
         )
     if not isinstance(max_message_size, int) or max_message_size < 64:
         raise InvalidArgument(f"max_message_size must be an int >= 64, not {max_message_size!r}")
+    if type(tail_cache_bytes) is not int or tail_cache_bytes < 0:
+        raise InvalidArgument(f"tail_cache_bytes must be an int >= 0, not {tail_cache_bytes!r}")
+    if (
+        isinstance(tail_cache_age, bool)
+        or not isinstance(tail_cache_age, int | float)
+        or not 0 < tail_cache_age <= 86_400
+    ):
+        raise InvalidArgument(
+            f"tail_cache_age must be in (0, 86400] seconds, not {tail_cache_age!r}"
+        )
     if read_only and interceptors:
         raise InvalidArgument("a read-only WAL appends nothing, so it takes no interceptors")
     members: Sequence[ChainMember] = ()
@@ -74,10 +90,18 @@ async def open_wal(
     cls = backend_class(scheme)
     backend = await cls.open(location, pchannel, read_only=read_only, options=options)
     allocator = timetick_allocator if timetick_allocator is not None else HybridClock()
-    wal = WAL(backend, allocator=allocator, max_message_size=max_message_size, interceptors=members)
+    wal = WAL(
+        backend,
+        allocator=allocator,
+        max_message_size=max_message_size,
+        interceptors=members,
+        tail_cache_bytes=tail_cache_bytes,
+        tail_cache_age=float(tail_cache_age),
+    )
     if not read_only:
         try:
             await _recover_timetick(backend, allocator)
+            wal._newest_at_open = await backend.latest_message_id()
             wal._start()
         except BaseException:
             await wal.aclose()

@@ -1,91 +1,151 @@
-"""The scanner users iterate: messages of one pchannel in log order, filtered; on a
-writer, interleaved with the idle TimeTicks the timetick sync does not persist."""
+"""The scanner users iterate: one pchannel's messages as readers want them.
+
+The read pipeline, per scanner:
+
+    LogSource (tail cache or backend, hand-offs, idle TimeTicks; vchannel/type filter)
+      -> ReorderBuffer   timetick order; rejects tick regressions and stale-term appends
+      -> TxnBuffer       one TXN message per committed transaction; rollbacks vanish
+      -> timetick floor  ``timetick_gt/gte`` filters and checkpoint resumes
+      -> the user, who may ``ack`` messages into a durable subscription
+
+A ``raw`` scanner skips the reorder and transaction stages and delivers the log as
+stored (what interceptors and tools read).
+"""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
-from typing import final
+from typing import TYPE_CHECKING, Literal, final
 
-from ._errors import WALClosed
+import msgspec
+
+from scanners._reorder import ReorderBuffer
+from scanners._txn_buffer import TxnBuffer
+
+from ._deliver import Checkpoint, DeliverPolicy
+from ._errors import InvalidArgument, WALClosed
 from ._filter import Filter
 from ._ids import MessageId
 from ._message import ImmutableMessage
-from .backends import BackendScanner
+from ._source import LogSource
 
-__all__ = ("IdleTicks", "Scanner")
+if TYPE_CHECKING:
+    from ._subscriptions import CheckpointWriter, SubscriptionStore
+
+__all__ = ("Scanner", "ScannerStats", "Subscription")
+
+#: Opens the source of a scanner from a (backend-level) deliver policy and a filter.
+OpenSource = Callable[[DeliverPolicy, Filter], LogSource]
+
+
+class ScannerStats(msgspec.Struct, frozen=True):
+    """A snapshot of one scanner: where it reads (``"cache"`` or ``"backend"``) and how
+    far it got, what it delivered, its hand-offs between the tail cache and the backend,
+    what its reorder and transaction stages hold or rejected, and its subscription's
+    last durable checkpoint."""
+
+    source: Literal["cache", "backend", "not started"]
+    position: MessageId | None
+    delivered: int
+    handoffs: int
+    fallbacks: int
+    rejected: int
+    held_for_order: int
+    open_txns: int
+    txn_bytes: int
+    checkpoint: Checkpoint | None
 
 
 @final
-class IdleTicks:
-    """The newest idle (not persisted) TimeTick of one writer, and the scanners waiting
-    for one. An idle tick is published only when nothing is in flight, so its
-    ``message_id`` is the newest message in the log: a scanner that has delivered that
-    message has seen everything below the tick."""
+class Subscription:
+    """A named, durable resume point: the store it lives in and its name."""
 
-    __slots__ = ("latest", "waiters")
+    __slots__ = ("interval", "name", "store")
 
-    def __init__(self) -> None:
-        self.latest: ImmutableMessage | None = None
-        self.waiters: set[asyncio.Future[None]] = set()
-
-    def publish(self, tick: ImmutableMessage) -> None:
-        """Make ``tick`` the newest idle tick and wake the waiting scanners."""
-        self.latest = tick
-        waiters, self.waiters = self.waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def has_waiters(self) -> bool:
-        """True if a scanner is waiting at the end of the log."""
-        return bool(self.waiters)
+    def __init__(self, store: SubscriptionStore, name: str, interval: float) -> None:
+        self.store = store
+        self.name = name
+        self.interval = interval
 
 
 @final
 class Scanner:
-    """Messages in log order, as an async iterator and async context manager.
+    """Messages of one pchannel, as an async iterator and async context manager.
 
     Iteration waits for new messages at the end of the log; it ends only when this scanner
     is closed with ``aclose()``. If the WAL is closed underneath it, iteration raises
     ``WALClosed`` instead, so a reader never mistakes a shutdown for the end of the log.
+    Unless read ``raw``, messages come in timetick order, and a transaction appears only
+    once committed, as one ``MessageType.TXN`` message.
     """
 
     __slots__ = (
-        "_backend_scanner",
         "_batch",
-        "_fetch",
-        "_idle_ticks",
+        "_checkpoints",
+        "_deliver",
+        "_delivered",
+        "_floor",
         "_index",
-        "_last_id",
-        "_last_tick",
         "_on_close",
-        "_selected",
+        "_open_source",
+        "_reorder",
+        "_source",
+        "_source_filter",
+        "_subscription",
+        "_txns",
         "_user_closed",
         "_wal_closed",
     )
 
     def __init__(
         self,
-        backend_scanner: BackendScanner,
+        open_source: OpenSource,
         on_close: Callable[[Scanner], None],
         *,
-        idle_ticks: IdleTicks | None = None,
-        selected: Filter | None = None,
-        caught_up_to: MessageId | None = None,
+        deliver: DeliverPolicy,
+        selected: Filter,
+        raw: bool = False,
+        ordered: bool = True,
+        txn_buffer_bytes: int = 64 << 20,
+        subscription: Subscription | None = None,
     ) -> None:
-        self._backend_scanner = backend_scanner
+        self._open_source = open_source
         self._on_close = on_close
         self._batch: Sequence[ImmutableMessage] = ()
         self._index = 0
         self._user_closed = False
         self._wal_closed = False
-        self._idle_ticks = idle_ticks
-        self._selected = selected if selected is not None else Filter.everything()
-        self._fetch: asyncio.Task[Sequence[ImmutableMessage]] | None = None
-        self._last_id = caught_up_to
-        self._last_tick = -1
+        self._delivered = 0
+        self._reorder = None if raw else ReorderBuffer(ordered=ordered)
+        self._txns = None if raw else TxnBuffer(max_bytes=txn_buffer_bytes)
+        if raw or selected.min_timetick <= 0:
+            self._source_filter, self._floor = selected, -1
+        else:  # transaction bodies carry ticks below their commit's: filter after assembly
+            self._source_filter = Filter(vchannels=selected.vchannels, types=selected.types)
+            self._floor = selected.min_timetick - 1
+        self._subscription = subscription
+        self._checkpoints: CheckpointWriter | None = None
+        self._deliver = deliver
+        self._source: LogSource | None = None
+        if subscription is None:  # else started by the first read, from the stored point
+            self._start(deliver)
+
+    def _start(self, deliver: DeliverPolicy) -> LogSource:
+        if deliver.kind == "checkpoint":
+            self._floor = max(self._floor, deliver.after_timetick)
+        self._source = self._open_source(deliver.backend_policy(), self._source_filter)
+        return self._source
+
+    async def _start_subscription(self, subscription: Subscription) -> LogSource:
+        from ._subscriptions import CheckpointWriter
+
+        stored = await subscription.store.load(subscription.name)
+        self._checkpoints = CheckpointWriter(
+            subscription.store, subscription.name, interval=subscription.interval, start=stored
+        )
+        deliver = self._deliver if stored is None else DeliverPolicy.from_checkpoint(stored)
+        return self._start(deliver)
 
     def __aiter__(self) -> Scanner:
         return self
@@ -119,76 +179,100 @@ class Scanner:
         if self._wal_closed:
             raise WALClosed("the WAL of this scanner is closed")
         try:
-            if self._idle_ticks is None:
-                return await self._backend_scanner.next_batch()
-            batch = await self._next_batch_or_idle_tick(self._idle_ticks)
+            source = self._source
+            if source is None:
+                assert self._subscription is not None
+                source = await self._start_subscription(self._subscription)
+            while True:
+                batch = await source.next_batch()
+                if self._reorder is not None:
+                    batch = self._reorder.push(batch)
+                if self._txns is not None and batch:
+                    batch = self._txns.push(batch)
+                if self._floor >= 0 and batch:
+                    batch = self._above_floor(batch)
+                if batch:
+                    self._delivered += len(batch)
+                    return batch
         except WALClosed:
             if self._user_closed:
                 raise StopAsyncIteration from None
             raise
-        last = batch[-1]
-        if last.persisted:
-            self._last_id = last.message_id
-        self._last_tick = last.timetick
-        return batch
 
-    async def _next_batch_or_idle_tick(self, idle_ticks: IdleTicks) -> Sequence[ImmutableMessage]:
-        """The backend's next batch, or an idle tick if one comes first while this scanner
-        has delivered everything below it."""
-        fetch = self._fetch
-        if fetch is None:
-            fetch = self._fetch = asyncio.ensure_future(self._backend_scanner.next_batch())
-            fetch.add_done_callback(_retrieve)
-        loop = asyncio.get_running_loop()
-        while True:
-            if fetch.done():
-                self._fetch = None
-                if fetch.cancelled():  # by a close of this scanner
-                    raise WALClosed("the scanner was closed")
-                return fetch.result()
-            tick = idle_ticks.latest
-            if (
-                tick is not None
-                and tick.timetick > self._last_tick
-                and self._last_id is not None
-                and self._last_id >= tick.message_id
-            ):
-                self._last_tick = tick.timetick
-                if self._selected.admits(tick):
-                    return (tick,)
-            waiter: asyncio.Future[None] = loop.create_future()
-            wake = _waker(waiter)
-            fetch.add_done_callback(wake)
-            idle_ticks.waiters.add(waiter)
-            try:
-                await waiter
-            finally:
-                idle_ticks.waiters.discard(waiter)
-                fetch.remove_done_callback(wake)
+    def _above_floor(self, batch: Sequence[ImmutableMessage]) -> Sequence[ImmutableMessage]:
+        """Drop messages at or below the timetick floor; batches come in tick order, so
+        once one message passes, every later one does and the floor is lifted."""
+        floor = self._floor
+        if batch[-1].timetick <= floor:
+            return ()
+        self._floor = -1
+        if batch[0].timetick > floor:
+            return batch
+        return [m for m in batch if m.timetick > floor]
+
+    # -- subscriptions ------------------------------------------------------------------
+
+    async def ack(self, message: ImmutableMessage) -> None:
+        """Acknowledge ``message`` (and everything delivered before it): the subscription
+        resumes after it. Checkpoint writes are forward-only and throttled; ``aclose``
+        flushes the last one. Raises ``InvalidArgument`` without a subscription, and the
+        error of a failed checkpoint write."""
+        if self._subscription is None:
+            raise InvalidArgument("ack needs a scanner read with subscription='name'")
+        if not isinstance(message, ImmutableMessage):
+            raise TypeError(f"ack takes a delivered walsvc.ImmutableMessage, not {message!r}")
+        if self._checkpoints is None:
+            raise InvalidArgument("ack of a message this scanner has not delivered yet")
+        self._checkpoints.note(message.checkpoint)
+
+    async def flush(self) -> None:
+        """Write the subscription's latest acknowledged checkpoint now."""
+        if self._checkpoints is not None:
+            await self._checkpoints.flush()
+
+    # -- stats and closing --------------------------------------------------------------
+
+    def stats(self) -> ScannerStats:
+        """A snapshot of this scanner (see ``ScannerStats``)."""
+        source, reorder, txns = self._source, self._reorder, self._txns
+        return ScannerStats(
+            source="not started" if source is None else source.mode,
+            position=None if source is None else source.position,
+            delivered=self._delivered,
+            handoffs=0 if source is None else source.handoffs,
+            fallbacks=0 if source is None else source.fallbacks,
+            rejected=0 if reorder is None else reorder.rejected,
+            held_for_order=0 if reorder is None else reorder.held,
+            open_txns=0 if txns is None else txns.open_count,
+            txn_bytes=0 if txns is None else txns.held_bytes,
+            checkpoint=None if self._checkpoints is None else self._checkpoints.written,
+        )
 
     async def aclose(self) -> None:
-        """Stop the scanner; iteration then ends. Idempotent."""
+        """Stop the scanner (iteration then ends) and flush its subscription's checkpoint.
+        Idempotent."""
         if self._user_closed:
             return
         self._user_closed = True
         self._batch, self._index = (), 0  # nothing buffered is delivered after close
         self._on_close(self)
-        await self._close_backend_scanner()
+        await self._release()
 
     async def _close_for_wal(self) -> None:
         """Close because the WAL closed: pending and later reads raise ``WALClosed``."""
         self._wal_closed = True
         self._batch, self._index = (), 0
-        await self._close_backend_scanner()
+        await self._release()
 
-    async def _close_backend_scanner(self) -> None:
-        await self._backend_scanner.aclose()
-        fetch = self._fetch
-        if fetch is not None and not fetch.done():
-            # The backend scanner's close should end the fetch (with WALClosed); do not
-            # count on it.
-            fetch.cancel()
-            await asyncio.gather(fetch, return_exceptions=True)
+    async def _release(self) -> None:
+        try:
+            if self._source is not None:
+                await self._source.aclose()
+            if self._checkpoints is not None:
+                await self._checkpoints.aclose()
+        finally:
+            if self._subscription is not None:
+                self._subscription.store.release(self._subscription.name)
 
     async def __aenter__(self) -> Scanner:
         return self
@@ -200,17 +284,3 @@ class Scanner:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-
-def _retrieve(fetch: asyncio.Future[Sequence[ImmutableMessage]]) -> None:
-    """Mark a fetch's error as seen: a scanner closed while fetching may never ask."""
-    if not fetch.cancelled():
-        fetch.exception()
-
-
-def _waker(waiter: asyncio.Future[None]) -> Callable[[object], None]:
-    def wake(_: object) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    return wake

@@ -18,6 +18,8 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Final, final
 
+from scanners._tail_cache import CacheStats, TailCache
+
 from ._chain import (
     AppendNext,
     ChainMember,
@@ -51,15 +53,27 @@ from ._message import (
     MessageType,
     TxnContext,
 )
-from ._scanner import IdleTicks, Scanner
+from ._scanner import Scanner, Subscription
+from ._source import LogSource
 from ._timetick import TimetickAllocator
 from ._txn import Txn
 from .backends import Backend
 
-__all__ = ("DEFAULT_MAX_MESSAGE_SIZE", "WAL")
+__all__ = (
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_TAIL_CACHE_AGE",
+    "DEFAULT_TAIL_CACHE_BYTES",
+    "DEFAULT_TXN_BUFFER_BYTES",
+    "WAL",
+)
 
 #: Default largest encoded message, as in Milvus (5 MiB).
 DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
+#: Default bounds of a writer's tail cache, as Milvus's write-ahead buffer (64 MiB, 30 s).
+DEFAULT_TAIL_CACHE_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_TAIL_CACHE_AGE: Final = 30.0
+#: Default bound on the transaction bodies one scanner holds until their commit.
+DEFAULT_TXN_BUFFER_BYTES: Final = 64 * 1024 * 1024
 _FROM_THE_START: Final = DeliverPolicy.all()
 _EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
 #: Envelopes carry a last-confirmed id refreshed once this many ticks passed since the
@@ -85,6 +99,7 @@ class WAL:
         "_allocator",
         "_backend",
         "_batch_chain",
+        "_cache",
         "_chain",
         "_closed",
         "_confirmed",
@@ -92,12 +107,12 @@ class WAL:
         "_data_tick",
         "_ext",
         "_ext_id",
-        "_idle_ticks",
         "_last_acked",
         "_last_tick",
         "_max_message_size",
         "_max_payload",
         "_members",
+        "_newest_at_open",
         "_pins",
         "_plain_batch_chain",
         "_plain_chain",
@@ -116,6 +131,8 @@ class WAL:
         allocator: TimetickAllocator,
         max_message_size: int,
         interceptors: Sequence[ChainMember] = (),
+        tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES,
+        tail_cache_age: float = DEFAULT_TAIL_CACHE_AGE,
     ) -> None:
         self._backend = backend
         self._allocator = allocator
@@ -135,6 +152,8 @@ class WAL:
             self._members, self._serialize_batch, plain=True
         )
         self._last_acked: MessageId | None = None
+        #: The newest id in the log when this writer opened (the tail cache's first floor).
+        self._newest_at_open: MessageId | None = None
         self._confirmed: MessageId | None = None
         self._confirmed_tick = 0
         self._ext_id: MessageId | None = None  # the last-confirmed id _ext encodes
@@ -143,7 +162,11 @@ class WAL:
         self._last_tick = 0
         self._data_tick = 0
         self._tick_listeners: list[TickListener] = []
-        self._idle_ticks = IdleTicks() if self._writable else None
+        self._cache = (
+            TailCache(max_bytes=tail_cache_bytes, max_age=tail_cache_age)
+            if self._writable
+            else None
+        )
         self._ready: asyncio.Task[None] | None = None
         self._ready_error: BaseException | None = None
 
@@ -282,18 +305,34 @@ class WAL:
         return record, tick, last_confirmed
 
     async def _serialize(self, message: Message) -> AppendResult:
-        """The innermost step of every chain: tick, last-confirmed id, envelope, backend."""
+        """The innermost step of every chain: tick, last-confirmed id, envelope, backend,
+        and (once acknowledged) the tail cache."""
         record, tick, last_confirmed = self._encode(message)
         # Nothing may await between _encode (which allocates the tick) and the backend
         # call (the serialization point): that keeps log order equal to tick order.
+        cache = self._cache
         try:
-            ids = await self._backend.append((record,))
+            acked = self._backend.append((record,))
         except WALError:
             raise
         except Exception as exc:
             raise self._outcome_unknown(exc) from exc
+        slot = cache.reserve(1) if cache is not None else -1
+        try:
+            ids = await acked
+        except BaseException as exc:
+            if cache is not None:
+                cache.lose(slot, 1)
+            if isinstance(exc, Exception) and not isinstance(exc, WALError):
+                raise self._outcome_unknown(exc) from exc
+            raise
         message_id = ids[0]
         self._last_acked = message_id
+        if slot >= 0:
+            assert cache is not None
+            cache.put(slot, (self._cached(message, message_id, tick, last_confirmed),))
+        elif cache is not None:
+            cache.acked(1)
         return AppendResult(message_id, tick, last_confirmed)
 
     async def _serialize_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
@@ -301,17 +340,58 @@ class WAL:
         encoded = [self._encode(m) for m in messages]
         if not encoded:
             return []
+        count = len(encoded)
+        cache = self._cache
         try:
-            ids = await self._backend.append([record for record, _, _ in encoded])
+            acked = self._backend.append([record for record, _, _ in encoded])
         except WALError:
             raise
         except Exception as exc:
             raise self._outcome_unknown(exc) from exc
+        slot = cache.reserve(count) if cache is not None else -1
+        try:
+            ids = await acked
+        except BaseException as exc:
+            if cache is not None:
+                cache.lose(slot, count)
+            if isinstance(exc, Exception) and not isinstance(exc, WALError):
+                raise self._outcome_unknown(exc) from exc
+            raise
         self._last_acked = ids[-1]
-        return [
+        results = [
             AppendResult(i, tick, last_confirmed)
             for i, (_, tick, last_confirmed) in zip(ids, encoded, strict=True)
         ]
+        if slot >= 0:
+            assert cache is not None
+            cache.put(
+                slot,
+                [
+                    self._cached(m, r.message_id, r.timetick, r.last_confirmed_id)
+                    for m, r in zip(messages, results, strict=True)
+                ],
+            )
+        elif cache is not None:
+            cache.acked(count)
+        return results
+
+    def _cached(
+        self, message: Message, message_id: MessageId, tick: int, last_confirmed: MessageId | None
+    ) -> ImmutableMessage:
+        """The message as the log returns it, built from what the writer already has."""
+        properties = message.properties
+        return ImmutableMessage(
+            message_id,
+            tick,
+            message.vchannel,
+            message.type,
+            message.payload,
+            types.MappingProxyType(dict(properties)) if properties else _EMPTY,
+            last_confirmed,
+            message.txn,
+            message.idempotency_key,
+            self._term,
+        )
 
     def _outcome_unknown(self, exc: Exception) -> AppendOutcomeUnknown:
         return AppendOutcomeUnknown(
@@ -403,33 +483,84 @@ class WAL:
         self,
         deliver: DeliverPolicy = _FROM_THE_START,
         filters: Iterable[Filter] = (),
+        *,
+        raw: bool = False,
+        use_cache: bool = True,
+        subscription: str | None = None,
+        txn_buffer_bytes: int = DEFAULT_TXN_BUFFER_BYTES,
+        checkpoint_interval: float = 1.0,
     ) -> Scanner:
         """A scanner from ``deliver`` over the messages every filter admits.
 
-        On a writer, a scanner that has caught up also receives the idle TimeTicks of the
-        timetick sync (``persisted=False``).
+        Messages come in timetick order; a transaction is delivered once committed, as
+        one ``MessageType.TXN`` message whose ``body`` holds its messages (its open
+        bodies are held, up to ``txn_buffer_bytes`` per scanner, else ``TxnBufferFull``).
+        ``raw=True`` delivers the log exactly as stored instead (transaction control and
+        bodies included). On a writer, scanners read the tail cache when it holds what
+        they need next (``use_cache=False``: always the backend), and a scanner that has
+        caught up also receives the idle TimeTicks of the timetick sync
+        (``persisted=False``; not with ``use_cache=False``).
+
+        ``subscription="name"`` makes the scanner resume after the last message
+        acknowledged with ``await scanner.ack(message)`` by an earlier scanner of that
+        name (``deliver`` applies only when the subscription has no checkpoint yet). Its
+        checkpoint is stored with the log, written at most every ``checkpoint_interval``
+        seconds and on ``aclose``; a reader that dies between two writes gets again the
+        messages after the last written checkpoint. One scanner per name at a time
+        (``SubscriptionBusy``).
         """
         if self._closed:
             raise WALClosed(f"WAL {self.pchannel!r} is closed")
         if not isinstance(deliver, DeliverPolicy):
             raise TypeError(f"deliver must be a walsvc.DeliverPolicy, not {deliver!r}")
+        if type(txn_buffer_bytes) is not int or txn_buffer_bytes < 0:
+            raise InvalidArgument(f"txn_buffer_bytes must be an int >= 0, not {txn_buffer_bytes!r}")
+        position = deliver.message_id
+        if position is not None and not isinstance(position, self._backend.message_id_class):
+            raise InvalidArgument(f"{position!r} is not a {self._backend.scheme}:// message id")
         selected = Filter.combine(filters)
-        idle_ticks = self._idle_ticks
-        caught_up_to: MessageId | None = None
-        if idle_ticks is not None:
-            if deliver.kind == "latest":
-                caught_up_to = self._last_acked
-            elif deliver.kind == "start_after":
-                caught_up_to = deliver.message_id
+        claimed = None
+        if subscription is not None:
+            if (
+                isinstance(checkpoint_interval, bool)
+                or not isinstance(checkpoint_interval, int | float)
+                or not 0 <= checkpoint_interval <= 3600
+            ):
+                raise InvalidArgument(
+                    f"checkpoint_interval must be in [0, 3600] seconds, not {checkpoint_interval!r}"
+                )
+            store = self._backend.subscriptions()
+            store.claim(subscription)
+            claimed = Subscription(store, subscription, float(checkpoint_interval))
+        cache = self._cache if use_cache else None
+        if cache is not None:
+            acked = self._last_acked
+            cache.activate(self._newest_at_open if acked is None else acked)
+
+        def open_source(deliver: DeliverPolicy, selected: Filter) -> LogSource:
+            return LogSource(self._backend, cache, deliver, selected)
+
         scanner = Scanner(
-            self._backend.read(deliver, selected),
-            self._scanners.discard,
-            idle_ticks=idle_ticks,
+            open_source,
+            self._forget_scanner,
+            deliver=deliver,
             selected=selected,
-            caught_up_to=caught_up_to,
+            raw=raw,
+            ordered=self._backend.ticks_in_log_order,
+            txn_buffer_bytes=txn_buffer_bytes,
+            subscription=claimed,
         )
         self._scanners.add(scanner)
         return scanner
+
+    def _forget_scanner(self, scanner: Scanner) -> None:
+        self._scanners.discard(scanner)
+        if not self._scanners and self._cache is not None:
+            self._cache.deactivate()
+
+    def cache_stats(self) -> CacheStats | None:
+        """A snapshot of the tail cache (None on a read-only WAL, which has none)."""
+        return None if self._cache is None else self._cache.stats()
 
     async def latest_message_id(self) -> MessageId | None:
         """The id of the newest durable message ever appended (even if since truncated),
@@ -442,6 +573,8 @@ class WAL:
         """Drop every message up to and including ``message_id``."""
         self._check_writable()
         await self._backend.truncate(message_id)
+        if self._cache is not None:
+            self._cache.truncated(message_id)
 
     async def aclose(self) -> None:
         """Stop the interceptors, finish queued appends, close every scanner (their reads
@@ -464,6 +597,9 @@ class WAL:
         scanners, self._scanners = self._scanners, set()
         for scanner in scanners:
             await scanner._close_for_wal()
+        if self._cache is not None:
+            self._cache.deactivate()
+            self._cache.wake()
         await self._backend.aclose()
         if errors:
             raise errors[0]
@@ -538,8 +674,8 @@ class _Context(InterceptorContext):
         tick = wal._allocator.allocate()
         wal._last_tick = tick
         last_acked = wal._last_acked
-        if wal._idle_ticks is not None and last_acked is not None:
-            wal._idle_ticks.publish(
+        if wal._cache is not None and last_acked is not None:
+            wal._cache.publish_idle_tick(
                 ImmutableMessage(
                     last_acked,
                     tick,
@@ -573,14 +709,12 @@ class _Context(InterceptorContext):
 
     def has_tick_listeners(self) -> bool:
         wal = self._wal
-        return bool(wal._tick_listeners) or (
-            wal._idle_ticks is not None and wal._idle_ticks.has_waiters()
-        )
+        return bool(wal._tick_listeners) or (wal._cache is not None and wal._cache.has_waiters())
 
     def read(
         self, deliver: DeliverPolicy = _FROM_THE_START, filters: Iterable[Filter] = ()
     ) -> Scanner:
-        return self._wal.read(deliver, filters)
+        return self._wal.read(deliver, filters, raw=True)
 
     async def latest_message_id(self) -> MessageId | None:
         return await self._wal.latest_message_id()

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._deliver import DeliverPolicy
+from .._errors import InvalidArgument
 from .._filter import Filter
 from .._ids import MessageId
 from .._message import ImmutableMessage
+
+if TYPE_CHECKING:
+    from .._subscriptions import SubscriptionStore
 
 __all__ = ("Backend", "BackendScanner")
 
@@ -22,6 +26,18 @@ class BackendScanner(ABC):
     """Messages of one pchannel in log order, from a start position, filtered."""
 
     __slots__ = ()
+
+    #: True if ``position`` reports how far the scanner got; a scanner that does not
+    #: report it still works, but hands off to the WAL's tail cache only once it has
+    #: delivered a message the cache holds.
+    reports_position: ClassVar[bool] = False
+
+    def position(self) -> MessageId | None:
+        """The newest id this scanner is done with: every message at or before it was
+        returned by ``next_batch``, rejected by the filter, or lies before the start
+        position. None if nothing is behind the scanner (it starts at the log's first
+        record). Meaningful only when ``reports_position`` is True."""
+        return None
 
     @abstractmethod
     async def next_batch(self) -> Sequence[ImmutableMessage]:
@@ -50,6 +66,10 @@ class Backend(ABC):
     scheme: ClassVar[str]
     #: The id class of the messages this backend stores.
     message_id_class: ClassVar[type[MessageId]]
+    #: False if records may be stored out of timetick order (appends from several
+    #: writers without one serialization point); scanners then hold messages until a
+    #: TimeTick confirms them. walsvc's own WAL writes in tick order on every backend.
+    ticks_in_log_order: ClassVar[bool] = True
 
     pchannel: str
     read_only: bool
@@ -99,3 +119,8 @@ class Backend(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Finish queued appends, stop scanners and release resources. Idempotent."""
+
+    def subscriptions(self) -> SubscriptionStore:
+        """The durable store of this pchannel's named subscriptions (their checkpoints),
+        the same object on every call. Backends without one raise ``InvalidArgument``."""
+        raise InvalidArgument(f"{self.scheme}:// WALs have no durable subscriptions")

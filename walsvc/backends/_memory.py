@@ -17,6 +17,7 @@ from .._errors import InvalidArgument, WALClosed, WALFenced, WALTruncated
 from .._filter import Filter
 from .._ids import MessageId, SequenceMessageId
 from .._message import ImmutableMessage
+from .._subscriptions import MemorySubscriptionStore
 from ._base import Backend, BackendScanner
 
 __all__ = ("MemoryBackend", "MemoryMessageId", "backend_class")
@@ -75,13 +76,24 @@ class MemoryBackend(Backend):
     """A pchannel of a ``memory://`` log. Appends are acknowledged at once; a newer
     read-write open fences older writers through the log's term."""
 
-    __slots__ = ("_closed", "_log", "_scanners", "pchannel", "read_only", "term")
+    __slots__ = (
+        "_closed",
+        "_location",
+        "_log",
+        "_scanners",
+        "_subscriptions",
+        "pchannel",
+        "read_only",
+        "term",
+    )
 
     scheme = "memory"
     message_id_class = MemoryMessageId
 
-    def __init__(self, log: _Log, pchannel: str, read_only: bool) -> None:
+    def __init__(self, log: _Log, location: str, pchannel: str, read_only: bool) -> None:
         self._log = log
+        self._location = location
+        self._subscriptions: MemorySubscriptionStore | None = None
         self.pchannel = pchannel
         self.read_only = read_only
         self._closed = False
@@ -101,7 +113,7 @@ class MemoryBackend(Backend):
         log = _logs.get((location, pchannel))
         if log is None:
             log = _logs[(location, pchannel)] = _Log()
-        return cls(log, pchannel, read_only)
+        return cls(log, location, pchannel, read_only)
 
     def _check_writer(self) -> None:
         if self._closed:
@@ -158,6 +170,12 @@ class MemoryBackend(Backend):
             del log.records[:drop]
             log.first_seq += drop
 
+    def subscriptions(self) -> MemorySubscriptionStore:
+        """Process-wide like the log: a WAL reopened on the same URL sees them."""
+        if self._subscriptions is None:
+            self._subscriptions = MemorySubscriptionStore(self._location, self.pchannel)
+        return self._subscriptions
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -169,6 +187,8 @@ class MemoryBackend(Backend):
 @final
 class _MemoryScanner(BackendScanner):
     __slots__ = ("_backend", "_closed", "_next_seq", "_selected", "_waiter")
+
+    reports_position = True
 
     def __init__(self, backend: MemoryBackend, start: int, selected: Filter) -> None:
         self._backend = backend
@@ -206,6 +226,10 @@ class _MemoryScanner(BackendScanner):
             finally:
                 self._waiter = None
                 log.waiters.discard(waiter)
+
+    def position(self) -> MessageId | None:
+        seq = self._next_seq
+        return MemoryMessageId(seq - 1) if seq else None
 
     async def aclose(self) -> None:
         self._closed = True

@@ -24,6 +24,7 @@ from ..._deliver import DeliverPolicy
 from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
 from ..._filter import Filter
 from ..._ids import MessageId
+from ..._subscriptions import FileSubscriptionStore
 from .._base import Backend, BackendScanner
 from ._directory import LogDirectory, fsync_directory
 from ._head import HeadFile, HeadState
@@ -45,6 +46,7 @@ class FileBackend(Backend):
     __slots__ = (
         "_closed",
         "_scanners",
+        "_subscriptions",
         "_writer",
         "directory",
         "pchannel",
@@ -72,6 +74,7 @@ class FileBackend(Backend):
         self._writer = writer
         self._closed = False
         self._scanners: set[FileScanner] = set()
+        self._subscriptions: FileSubscriptionStore | None = None
 
     @classmethod
     async def open(
@@ -124,6 +127,13 @@ class FileBackend(Backend):
         if self._writer is None:
             raise WALReadOnly(f"file WAL {self.directory.path} was opened read-only")
         await self._writer.truncate(_seq_of(message_id))
+
+    def subscriptions(self) -> FileSubscriptionStore:
+        """Checkpoint files in ``subscriptions/`` of the pchannel's directory; usable on a
+        read-only open too."""
+        if self._subscriptions is None:
+            self._subscriptions = FileSubscriptionStore(self.directory.path)
+        return self._subscriptions
 
     async def aclose(self) -> None:
         if self._closed:

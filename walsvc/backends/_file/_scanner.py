@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..._codec import decode_run
 from ..._errors import CorruptRecord, WALClosed, WALTruncated
 from ..._filter import Filter
+from ..._ids import MessageId
 from ..._message import ImmutableMessage
 from .._base import BackendScanner
 from ._frames import read_frames
@@ -38,6 +39,8 @@ class FileScanner(BackendScanner):
         "_selected",
         "_waiter",
     )
+
+    reports_position = True
 
     def __init__(self, backend: FileBackend, deliver_from: int, selected: Filter) -> None:
         self._backend = backend
@@ -193,6 +196,10 @@ class FileScanner(BackendScanner):
             timer.cancel()
             signal.discard(waiter)
             self._waiter = None
+
+    def position(self) -> MessageId | None:
+        seq = self._deliver_from  # every record below it was returned or rejected
+        return FileMessageId(seq - 1) if seq else None
 
     async def aclose(self) -> None:
         if self._closed:

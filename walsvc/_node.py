@@ -1,0 +1,544 @@
+"""``open_node``: many pchannels of one backend behind one object that routes vchannels.
+
+The routing (``walsvc.Routing``, stored in the backend's ``walsvc.routing`` pchannel)
+says which pchannel holds a vchannel. Changing the pchannel list is an explicit migration
+(``open_node(..., migrate=True)``, see ``Node``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Final, final
+
+from ._deliver import DeliverPolicy
+from ._errors import InvalidArgument, InvalidMessage, WALClosed
+from ._filter import Filter
+from ._ids import MessageId, unmarshal_message_id
+from ._message import SYSTEM_TYPES, AppendResult, ImmutableMessage, Message
+from ._open import _PCHANNEL, open_wal
+from ._routing import (
+    ROUTING_PCHANNEL,
+    Cut,
+    Routing,
+    Stretch,
+    load_routings,
+    mismatch,
+    plan_reads,
+    store_routing,
+    take_cuts,
+)
+from ._scanner import Scanner
+from ._timetick import HybridClock, TimetickAllocator
+from ._txn import Txn
+from ._wal import WAL
+
+__all__ = ("Node", "NodeScanner", "open_node")
+
+_WAL_ARGS: Final = frozenset(
+    {"read_only", "max_message_size", "timetick_allocator", "interceptors"}
+)
+_ALL: Final = DeliverPolicy.all()
+_ROUTE_CACHE: Final = 1 << 16
+
+
+async def open_node(
+    url: str, pchannels: Iterable[str], *, migrate: bool = False, **open_wal_kwargs: Any
+) -> Node:
+    """Open every pchannel of ``pchannels`` at ``url`` (concurrently) and return the
+    ``Node`` that routes vchannels over them; on any failure close what was opened and
+    raise.
+
+    The first open stores routing version 1 for this list. Later opens with the same list
+    (same names, same order) use the stored routing; a different list raises
+    ``RoutingMismatch`` unless ``migrate=True``, which fences every writer of the old and
+    new pchannels, records their cuts and stores version N+1 (see ``Node`` for what that
+    means for reads); pchannels the new list drops are written no more, but replays still
+    read them. A concurrent ``open_node`` that stored first makes this one raise
+    ``WALFenced`` with nothing stored.
+
+    ``open_wal_kwargs`` go to every ``walsvc.open_wal`` call, except that one timetick
+    allocator serves all pchannels (a fresh ``HybridClock`` unless you pass one) and
+    ``interceptors``, since an interceptor serves one WAL, is None (the default chain),
+    an empty sequence, or a zero-argument callable returning a fresh chain per pchannel.
+    With ``read_only=True`` the stored routing must exist and match.
+    """
+    wanted = _checked_pchannels(pchannels)
+    read_only = open_wal_kwargs.get("read_only", False)
+    if type(migrate) is not bool or type(read_only) is not bool:
+        raise InvalidArgument("migrate and read_only take a bool")
+    if read_only and migrate:
+        raise InvalidArgument("a read-only node cannot migrate the routing")
+    allocator = open_wal_kwargs.get("timetick_allocator") or HybridClock()
+    wal_kwargs = _wal_kwargs(open_wal_kwargs, allocator)
+    options = {k: v for k, v in open_wal_kwargs.items() if k not in _WAL_ARGS}
+    meta = await open_wal(
+        url,
+        ROUTING_PCHANNEL,
+        read_only=read_only,
+        interceptors=None if read_only else [],
+        **options,
+    )
+    try:
+        history = await load_routings(meta)
+        stored = history[-1] if history else None
+        if stored is None:
+            if read_only:
+                raise InvalidArgument(f"no routing is stored at {url}; open it read-write first")
+            routing = Routing(1, wanted)
+        elif stored.pchannels == wanted:
+            routing = stored
+        elif not migrate:
+            raise mismatch(url, stored, wanted)
+        else:
+            both = dict.fromkeys([*stored.pchannels, *wanted])
+            cuts = await take_cuts(url, both, allocator, options)
+            routing = Routing(stored.version + 1, wanted, cuts=cuts)
+        wals = await _open_all(url, wanted, wal_kwargs)
+        try:
+            if routing is not stored:
+                if stored is not None:
+                    dropped = [p for p in stored.pchannels if p not in wals]
+                    await _seal(url, dropped, wal_kwargs)
+                await store_routing(meta, routing)
+                history = (*history, routing)
+        except BaseException:
+            await _close_all(wals.values())
+            raise
+    finally:
+        await meta.aclose()
+    return Node(url, history, wals, options)
+
+
+@final
+class Node:
+    """Many pchannels of one backend, with vchannels routed to them by ``routing``.
+
+    A vchannel lives on one pchannel, so its messages keep their order and ``read``
+    delivers them in log order; across vchannels there is no order. ``append`` and
+    ``append_many`` route by ``Message.vchannel``; ``broadcast`` writes a ``vchannel=""``
+    message to every pchannel (not atomically: a failure may leave it on some; an
+    idempotency key makes the retry exactly-once per pchannel).
+
+    Migration: messages stay where they were written. ``read(v)`` with
+    ``DeliverPolicy.all()`` reads v's pchannel of each routing version in turn, from that
+    version's cut of it through the next version's cut, then the current pchannel to the
+    live end, so a full replay loses and repeats nothing (broadcasts included). Other
+    policies carry ids of one pchannel, so they read only the current pchannel.
+    Every call on a closed node raises ``WALClosed``.
+    """
+
+    __slots__ = ("_closed", "_history", "_lock", "_options", "_readers", "_routes", "_url", "_wals")
+
+    def __init__(
+        self,
+        url: str,
+        history: Sequence[Routing],
+        wals: Mapping[str, WAL],
+        options: Mapping[str, Any],
+    ) -> None:
+        self._url = url
+        self._history = tuple(history)
+        self._wals = dict(wals)
+        self._options = dict(options)
+        self._readers: dict[str, WAL] = {}  # read-only WALs of pchannels routing dropped
+        self._lock = asyncio.Lock()
+        self._routes: dict[str, WAL] = {}
+        self._closed = False
+
+    @property
+    def routing(self) -> Routing:
+        """The routing version in force."""
+        return self._history[-1]
+
+    @property
+    def history(self) -> tuple[Routing, ...]:
+        """Every routing version stored, oldest first (the last one is ``routing``)."""
+        return self._history
+
+    @property
+    def closed(self) -> bool:
+        """True once ``aclose`` was called."""
+        return self._closed
+
+    def pchannel_of(self, vchannel: str) -> str:
+        """The pchannel that holds ``vchannel`` under the current routing."""
+        return self.wal_for(vchannel).pchannel
+
+    def wal_for(self, vchannel: str) -> WAL:
+        """The WAL of the pchannel that holds ``vchannel``. ``InvalidArgument`` for a
+        non-str vchannel or the broadcast vchannel ``""``."""
+        if self._closed:
+            raise WALClosed("the node is closed")
+        wal = self._routes.get(vchannel) if type(vchannel) is str else None
+        if wal is None:
+            if vchannel == "":
+                raise InvalidArgument("vchannel '' is the broadcast: it is on every pchannel")
+            wal = self._wals[self.routing.pchannel_of(vchannel)]
+            if len(self._routes) >= _ROUTE_CACHE:
+                self._routes.clear()
+            self._routes[vchannel] = wal
+        return wal
+
+    def wal(self, pchannel: str) -> WAL:
+        """The WAL of ``pchannel``, one of ``routing.pchannels``."""
+        if self._closed:
+            raise WALClosed("the node is closed")
+        wal = self._wals.get(pchannel) if type(pchannel) is str else None
+        if wal is None:
+            raise InvalidArgument(f"{pchannel!r} is not one of {list(self._wals)}")
+        return wal
+
+    async def append(self, message: Message) -> AppendResult:
+        """Append ``message`` to its vchannel's pchannel (see ``WAL.append``); a broadcast
+        (``vchannel=""``) raises ``InvalidMessage``: use ``broadcast``."""
+        return await self.wal_for(_routed(message)).append(message)
+
+    async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
+        """Append ``messages``, each to its vchannel's pchannel, and return their results
+        in input order. Every message is checked first (one invalid: none appended); each
+        pchannel's share is one ``WAL.append_many``, in input order, and the shares run
+        concurrently. If one fails, the first error is raised once all finished; the
+        other pchannels' shares may have been appended."""
+        batch = list(messages)
+        groups: dict[WAL, list[int]] = {}
+        for index, message in enumerate(batch):
+            _check_user_message(message)
+            groups.setdefault(self.wal_for(_routed(message)), []).append(index)
+        if len(groups) <= 1:
+            return [] if not groups else await next(iter(groups)).append_many(batch)
+        shares = await _gather([w.append_many([batch[i] for i in ix]) for w, ix in groups.items()])
+        results: list[AppendResult | None] = [None] * len(batch)
+        for indices, share in zip(groups.values(), shares, strict=True):
+            for index, result in zip(indices, share, strict=True):
+                results[index] = result
+        return [r for r in results if r is not None]
+
+    async def broadcast(self, message: Message) -> dict[str, AppendResult]:
+        """Append ``message`` (whose vchannel must be ``""``) to every pchannel,
+        concurrently; return the results by pchannel. If one fails, the first error is
+        raised once all finished."""
+        if self._closed:
+            raise WALClosed("the node is closed")
+        _check_user_message(message)
+        if message.vchannel != "":
+            raise InvalidMessage(f"broadcast takes vchannel '', not {message.vchannel!r}")
+        results = await _gather([wal.append(message) for wal in self._wals.values()])
+        return dict(zip(self._wals, results, strict=True))
+
+    async def begin_txn(self, vchannel: str, *, keepalive: float = 10.0) -> Txn:
+        """``WAL.begin_txn`` on the pchannel of ``vchannel``."""
+        return await self.wal_for(vchannel).begin_txn(vchannel, keepalive=keepalive)
+
+    @asynccontextmanager
+    async def txn(self, vchannel: str, *, keepalive: float = 10.0) -> AsyncIterator[Txn]:
+        """``WAL.txn`` on the pchannel of ``vchannel``: commits when the block succeeds,
+        rolls back when it raises."""
+        async with self.wal_for(vchannel).txn(vchannel, keepalive=keepalive) as handle:
+            yield handle
+
+    def read(
+        self, vchannel: str, deliver: DeliverPolicy = _ALL, filters: Iterable[Filter] = ()
+    ) -> NodeScanner:
+        """A scanner over ``vchannel``'s messages (and broadcasts) that ``filters`` admit.
+
+        With ``DeliverPolicy.all()`` it reads every routing version's share of the
+        vchannel in turn (see ``Node``); any other policy reads the current pchannel only.
+        """
+        wal = self.wal_for(vchannel)
+        if not isinstance(deliver, DeliverPolicy):
+            raise TypeError(f"deliver must be a walsvc.DeliverPolicy, not {deliver!r}")
+        chosen = Filter.combine(filters)
+        if deliver.kind == "all":
+            plan = plan_reads(self._history, vchannel)
+        else:
+            plan = [Stretch(wal.pchannel, None, None)]
+        return NodeScanner(self, vchannel, deliver, chosen, plan)
+
+    async def _reader(self, pchannel: str) -> WAL:
+        """A WAL to read ``pchannel`` with: the node's own, or one opened read-only."""
+        if self._closed:
+            raise WALClosed("the node is closed")
+        wal = self._wals.get(pchannel) or self._readers.get(pchannel)
+        if wal is not None:
+            return wal
+        async with self._lock:
+            wal = self._readers.get(pchannel)
+            if wal is None:
+                wal = await open_wal(self._url, pchannel, read_only=True, **self._options)
+                if self._closed:
+                    await wal.aclose()
+                    raise WALClosed("the node is closed")
+                self._readers[pchannel] = wal
+        return wal
+
+    async def aclose(self) -> None:
+        """Close every WAL of the node (their scanners raise ``WALClosed``); idempotent.
+        Raises the first error once all are closed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._routes.clear()
+        await _close_all([*self._wals.values(), *self._readers.values()])
+
+    async def __aenter__(self) -> Node:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return (
+            f"<walsvc.Node {self._url} routing v{self.routing.version} {list(self._wals)}{state}>"
+        )
+
+
+@final
+class NodeScanner:
+    """One vchannel's messages from ``Node.read``, stretch after stretch, as an async
+    iterator and async context manager; otherwise like ``walsvc.Scanner``: iteration waits
+    at the end of the live pchannel, ends after ``aclose()``, and raises ``WALClosed`` if
+    the node closes underneath it. Idle TimeTicks come only from the live pchannel."""
+
+    __slots__ = ("_chosen", "_closed", "_deliver", "_end", "_index", "_node", "_plan", "_scanner")
+
+    def __init__(
+        self,
+        node: Node,
+        vchannel: str,
+        deliver: DeliverPolicy,
+        chosen: Filter,
+        plan: Sequence[Stretch],
+    ) -> None:
+        self._node = node
+        self._deliver = deliver
+        self._chosen = Filter(vchannels=[vchannel]) & chosen  # the exact test
+        self._plan = plan
+        self._index = 0
+        self._scanner: Scanner | None = None
+        self._end: tuple[MessageId, Cut] | None = None  # (id, cut) of a closed stretch
+        self._closed = False
+        own = node._wals.get(plan[0].pchannel)
+        if own is not None:  # start now: DeliverPolicy.latest() means "from now"
+            self._start(own)
+
+    def __aiter__(self) -> NodeScanner:
+        return self
+
+    async def __anext__(self) -> ImmutableMessage:
+        while True:
+            scanner = self._scanner or await self._open()
+            if self._end is None:
+                return await scanner.__anext__()
+            message = await scanner.__anext__()
+            keep, done = self._clip(message)
+            if done:
+                await self._next_stretch()
+            if keep:
+                return message
+
+    async def batches(self) -> AsyncIterator[Sequence[ImmutableMessage]]:
+        """Iterate in batches (each non-empty) instead of one message at a time."""
+        while True:
+            try:
+                scanner = self._scanner or await self._open()
+            except StopAsyncIteration:  # closed
+                return
+            batches = scanner.batches()
+            try:
+                async for batch in batches:
+                    if self._end is None:
+                        yield batch
+                        continue
+                    kept, done = self._clip_batch(batch)
+                    if kept:
+                        yield kept
+                    if done:
+                        break
+                else:
+                    return  # closed
+            finally:
+                if isinstance(batches, AsyncGenerator):
+                    await batches.aclose()
+            await self._next_stretch()
+
+    def _clip_batch(self, batch: Sequence[ImmutableMessage]) -> tuple[list[ImmutableMessage], bool]:
+        kept = []
+        for message in batch:
+            keep, done = self._clip(message)
+            if keep:
+                kept.append(message)
+            if done:
+                return kept, True
+        return kept, False
+
+    def _clip(self, message: ImmutableMessage) -> tuple[bool, bool]:
+        """(deliver it, the closed stretch is done) for a message of a closed stretch."""
+        assert self._end is not None
+        end, cut = self._end
+        if not message.persisted:  # an idle tick: past the cut once its tick is
+            return False, message.timetick > cut.timetick
+        if message.message_id > end:
+            return False, True
+        return self._chosen.admits(message), message.message_id == end
+
+    async def _open(self) -> Scanner:
+        scanner = self._scanner
+        while scanner is None:
+            if self._closed:
+                raise StopAsyncIteration
+            wal = await self._node._reader(self._plan[self._index].pchannel)
+            if self._closed:
+                raise StopAsyncIteration
+            scanner = self._start(wal)
+        return scanner
+
+    def _start(self, wal: WAL) -> Scanner | None:
+        """Open the current stretch's scanner on ``wal``; None if the timetick floor
+        rejects the whole stretch, which is then skipped."""
+        _, after, until = self._plan[self._index]
+        start = None if after is None else unmarshal_message_id(after)
+        deliver = _ALL if start is None else DeliverPolicy.start_after(start)
+        floor = self._chosen.min_timetick
+        if until is None:  # the live stretch
+            self._end = None
+            if self._deliver.kind != "all":
+                deliver = self._deliver
+            self._scanner = wal.read(deliver, [self._chosen])
+        elif until.message_id is not None and floor <= until.timetick:
+            # Admit the cut message too, so the stretch is seen to end.
+            vchannels = [*(self._chosen.vchannels or ()), until.vchannel]
+            self._end = (unmarshal_message_id(until.message_id), until)
+            self._scanner = wal.read(deliver, [Filter(vchannels=vchannels, min_timetick=floor)])
+        else:  # every message of the stretch is below the timetick floor
+            self._index += 1
+        return self._scanner
+
+    async def _next_stretch(self) -> None:
+        scanner, self._scanner = self._scanner, None
+        self._index += 1
+        if scanner is not None:
+            await scanner.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the scanner; iteration then ends. Idempotent."""
+        self._closed = True
+        scanner, self._scanner = self._scanner, None
+        if scanner is not None:
+            await scanner.aclose()
+
+    async def __aenter__(self) -> NodeScanner:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _checked_pchannels(pchannels: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(pchannels, (str, bytes)) or not isinstance(pchannels, Iterable):
+        raise InvalidArgument(f"pchannels takes a sequence of names, not {pchannels!r}")
+    names = tuple(pchannels)
+    if not names:
+        raise InvalidArgument("a node needs at least one pchannel")
+    for name in names:
+        if not isinstance(name, str) or not _PCHANNEL.fullmatch(name):
+            raise InvalidArgument(
+                f"pchannel {name!r} must be 1-200 characters of [A-Za-z0-9._-],"
+                " starting with a letter or digit"
+            )
+    if ROUTING_PCHANNEL in names:
+        raise InvalidArgument(f"{ROUTING_PCHANNEL!r} is reserved for the routing")
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"pchannels repeat a name: {list(names)}")
+    return names
+
+
+def _wal_kwargs(
+    kwargs: Mapping[str, Any], allocator: TimetickAllocator
+) -> Callable[[], dict[str, Any]]:
+    """A function giving the ``open_wal`` keyword arguments for one more pchannel."""
+    shared = {**kwargs, "timetick_allocator": allocator}
+    chain = shared.pop("interceptors", None)
+    if isinstance(chain, Sequence) and chain:
+        raise InvalidArgument(
+            "an interceptor serves one WAL: pass interceptors=lambda: [...] to build a chain"
+            " per pchannel"
+        )
+    if chain is not None and not isinstance(chain, Sequence) and not callable(chain):
+        raise InvalidArgument(f"interceptors takes a sequence or a callable, not {chain!r}")
+
+    def one() -> dict[str, Any]:
+        return {**shared, "interceptors": chain() if callable(chain) else chain}
+
+    return one
+
+
+async def _open_all(
+    url: str, pchannels: Sequence[str], wal_kwargs: Callable[[], dict[str, Any]]
+) -> dict[str, WAL]:
+    opened = await asyncio.gather(
+        *(open_wal(url, p, **wal_kwargs()) for p in pchannels), return_exceptions=True
+    )
+    wals = [w for w in opened if isinstance(w, WAL)]
+    if len(wals) < len(opened):
+        await _close_all(wals)
+        raise next(e for e in opened if isinstance(e, BaseException))
+    return dict(zip(pchannels, wals, strict=True))
+
+
+async def _seal(
+    url: str, pchannels: Iterable[str], wal_kwargs: Callable[[], dict[str, Any]]
+) -> None:
+    """Open each pchannel the routing drops with the node's chain and close it once the
+    ready hooks ran: its opening TimeTick (and the rollback of any transaction left open)
+    lands after the cut, where a replay sees that pchannel's stretch end."""
+    for pchannel in pchannels:
+        wal = await open_wal(url, pchannel, **wal_kwargs())
+        try:
+            await wal.wait_ready()
+        finally:
+            await wal.aclose()
+
+
+async def _close_all(wals: Iterable[WAL]) -> None:
+    await _gather([wal.aclose() for wal in wals])
+
+
+async def _gather(calls: Sequence[Any]) -> list[Any]:
+    """Await all of ``calls``; then raise the first error, if any, else return results."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def _routed(message: Message) -> str:
+    if not isinstance(message, Message):
+        raise TypeError(f"append takes walsvc.Message, not {type(message).__name__}")
+    if message.vchannel == "":
+        raise InvalidMessage("vchannel '' is a broadcast: append it with Node.broadcast")
+    return message.vchannel
+
+
+def _check_user_message(message: Message) -> None:
+    """What ``WAL.append_many`` checks, before any pchannel's share is appended."""
+    if not isinstance(message, Message):
+        raise TypeError(f"append takes walsvc.Message, not {type(message).__name__}")
+    if message.type in SYSTEM_TYPES:
+        raise InvalidMessage(f"{message.type.name} messages are written by the WAL itself")
+    if message.txn is not None:
+        raise InvalidMessage("transaction messages are appended through Node.begin_txn")
