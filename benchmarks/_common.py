@@ -1,5 +1,6 @@
 """What the benchmark modules share: event loops, the 100-byte payload, the raw group-commit
-baseline, closed- and open-loop producer drivers, and side-by-side repetition.
+baseline, the decode-everything scan baseline, closed- and open-loop producer drivers, and
+side-by-side repetition.
 
 Nothing here is named like an asv benchmark (``time_*``, ``track_*``, ``Time*``, ...), so
 asv's discovery ignores this module.
@@ -8,6 +9,7 @@ asv's discovery ignores this module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -15,16 +17,21 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import walsvc
 
 __all__ = (
     "LOOPS",
     "PAYLOAD",
     "PRODUCERS",
+    "STALL_SECONDS",
     "VCHANNELS",
     "RawGroupCommitLog",
     "close_loop",
     "closed_loop_rate",
+    "decode_all_scan",
     "new_loop",
     "note",
     "open_loop_latencies",
@@ -44,6 +51,8 @@ PAYLOAD = bytes(range(100))
 PRODUCERS = 64
 #: Producer i writes vchannel ``VCHANNELS[i % 16]``.
 VCHANNELS = tuple(f"v{i}" for i in range(16))
+#: A scan that makes no progress for this long fails instead of hanging the run.
+STALL_SECONDS = 120
 
 
 def new_loop(kind: str) -> asyncio.AbstractEventLoop:
@@ -179,6 +188,31 @@ async def open_loop_latencies(
 
     await asyncio.gather(*(producer(i) for i in range(producers)))
     return latencies, len(latencies) / seconds
+
+
+async def decode_all_scan(wal: walsvc.WAL, *, records: int, wanted: str, matches: int) -> float:
+    """The baseline of the filtered-scan targets: read the whole log (``records`` records)
+    with no filter, every record decoded, and keep those of vchannel ``wanted`` in Python
+    (there must be ``matches``). Returns records per second."""
+    start = time.perf_counter()
+    seen = 0
+    kept = 0
+    async with (
+        asyncio.timeout(STALL_SECONDS),
+        wal.read() as scanner,
+        contextlib.aclosing(scanner.batches()) as batches,
+    ):
+        async for batch in batches:
+            seen += len(batch)
+            kept += sum(1 for m in batch if m.vchannel == wanted)
+            if seen >= records:
+                break
+    elapsed = time.perf_counter() - start
+    if (seen, kept) != (records, matches):
+        raise AssertionError(
+            f"full scan saw {seen} messages, {kept} of {wanted!r}; expected {records} and {matches}"
+        )
+    return records / elapsed
 
 
 class RawGroupCommitLog:

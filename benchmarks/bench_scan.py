@@ -22,7 +22,17 @@ import timeit
 import walsvc
 from walsvc import Filter, Message
 
-from ._common import LOOPS, PAYLOAD, VCHANNELS, close_loop, new_loop, note, side_by_side
+from . import _common
+from ._common import (
+    LOOPS,
+    PAYLOAD,
+    STALL_SECONDS,
+    VCHANNELS,
+    close_loop,
+    new_loop,
+    note,
+    side_by_side,
+)
 
 RECORDS = 400_000
 #: append_many batch used to build the log; a multiple of 16 keeps the round robin exact.
@@ -30,7 +40,6 @@ BUILD_BATCH = 800
 WANTED = "v3"
 MATCHES = RECORDS // len(VCHANNELS)
 REPEATS = 3
-STALL_SECONDS = 120
 
 
 async def build_log(directory: str) -> None:
@@ -64,23 +73,7 @@ async def filtered_scan(wal: walsvc.WAL) -> float:
 
 async def decode_all_scan(wal: walsvc.WAL) -> float:
     """Records per second of the baseline: decode every record, filter in Python."""
-    start = time.perf_counter()
-    seen = 0
-    matches = 0
-    async with (
-        asyncio.timeout(STALL_SECONDS),
-        wal.read() as scanner,
-        contextlib.aclosing(scanner.batches()) as batches,
-    ):
-        async for batch in batches:
-            seen += len(batch)
-            matches += sum(1 for m in batch if m.vchannel == WANTED)
-            if seen >= RECORDS:
-                break
-    elapsed = time.perf_counter() - start
-    if (seen, matches) != (RECORDS, MATCHES):
-        raise AssertionError(f"full scan saw {seen} messages, {matches} matches")
-    return RECORDS / elapsed
+    return await _common.decode_all_scan(wal, records=RECORDS, wanted=WANTED, matches=MATCHES)
 
 
 class _ScanLog:

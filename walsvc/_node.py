@@ -8,7 +8,7 @@ says which pchannel holds a vchannel. Changing the pchannel list is an explicit 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Final, final
@@ -16,12 +16,11 @@ from typing import Any, Final, final
 from ._deliver import DeliverPolicy
 from ._errors import InvalidArgument, InvalidMessage, WALClosed
 from ._filter import Filter
-from ._ids import MessageId, unmarshal_message_id
-from ._message import SYSTEM_TYPES, AppendResult, ImmutableMessage, Message
+from ._message import SYSTEM_TYPES, AppendResult, Message
+from ._node_scanner import NodeScanner
 from ._open import _PCHANNEL, open_wal
 from ._routing import (
     ROUTING_PCHANNEL,
-    Cut,
     Routing,
     Stretch,
     load_routings,
@@ -30,12 +29,11 @@ from ._routing import (
     store_routing,
     take_cuts,
 )
-from ._scanner import Scanner
 from ._timetick import HybridClock, TimetickAllocator
 from ._txn import Txn
 from ._wal import WAL
 
-__all__ = ("Node", "NodeScanner", "open_node")
+__all__ = ("Node", "open_node")
 
 _WAL_ARGS: Final = frozenset(
     {"read_only", "max_message_size", "timetick_allocator", "interceptors"}
@@ -255,7 +253,7 @@ class Node:
             plan = plan_reads(self._history, vchannel)
         else:
             plan = [Stretch(wal.pchannel, None, None)]
-        return NodeScanner(self, vchannel, deliver, chosen, plan)
+        return NodeScanner(self._wals, self._reader, vchannel, deliver, chosen, plan)
 
     async def _reader(self, pchannel: str) -> WAL:
         """A WAL to read ``pchannel`` with: the node's own, or one opened read-only."""
@@ -299,152 +297,6 @@ class Node:
         return (
             f"<walsvc.Node {self._url} routing v{self.routing.version} {list(self._wals)}{state}>"
         )
-
-
-@final
-class NodeScanner:
-    """One vchannel's messages from ``Node.read``, stretch after stretch, as an async
-    iterator and async context manager; otherwise like ``walsvc.Scanner``: iteration waits
-    at the end of the live pchannel, ends after ``aclose()``, and raises ``WALClosed`` if
-    the node closes underneath it. Idle TimeTicks come only from the live pchannel."""
-
-    __slots__ = ("_chosen", "_closed", "_deliver", "_end", "_index", "_node", "_plan", "_scanner")
-
-    def __init__(
-        self,
-        node: Node,
-        vchannel: str,
-        deliver: DeliverPolicy,
-        chosen: Filter,
-        plan: Sequence[Stretch],
-    ) -> None:
-        self._node = node
-        self._deliver = deliver
-        self._chosen = Filter(vchannels=[vchannel]) & chosen  # the exact test
-        self._plan = plan
-        self._index = 0
-        self._scanner: Scanner | None = None
-        self._end: tuple[MessageId, Cut] | None = None  # (id, cut) of a closed stretch
-        self._closed = False
-        own = node._wals.get(plan[0].pchannel)
-        if own is not None:  # start now: DeliverPolicy.latest() means "from now"
-            self._start(own)
-
-    def __aiter__(self) -> NodeScanner:
-        return self
-
-    async def __anext__(self) -> ImmutableMessage:
-        while True:
-            scanner = self._scanner or await self._open()
-            if self._end is None:
-                return await scanner.__anext__()
-            message = await scanner.__anext__()
-            keep, done = self._clip(message)
-            if done:
-                await self._next_stretch()
-            if keep:
-                return message
-
-    async def batches(self) -> AsyncIterator[Sequence[ImmutableMessage]]:
-        """Iterate in batches (each non-empty) instead of one message at a time."""
-        while True:
-            try:
-                scanner = self._scanner or await self._open()
-            except StopAsyncIteration:  # closed
-                return
-            batches = scanner.batches()
-            try:
-                async for batch in batches:
-                    if self._end is None:
-                        yield batch
-                        continue
-                    kept, done = self._clip_batch(batch)
-                    if kept:
-                        yield kept
-                    if done:
-                        break
-                else:
-                    return  # closed
-            finally:
-                if isinstance(batches, AsyncGenerator):
-                    await batches.aclose()
-            await self._next_stretch()
-
-    def _clip_batch(self, batch: Sequence[ImmutableMessage]) -> tuple[list[ImmutableMessage], bool]:
-        kept = []
-        for message in batch:
-            keep, done = self._clip(message)
-            if keep:
-                kept.append(message)
-            if done:
-                return kept, True
-        return kept, False
-
-    def _clip(self, message: ImmutableMessage) -> tuple[bool, bool]:
-        """(deliver it, the closed stretch is done) for a message of a closed stretch."""
-        assert self._end is not None
-        end, cut = self._end
-        if not message.persisted:  # an idle tick: past the cut once its tick is
-            return False, message.timetick > cut.timetick
-        if message.message_id > end:
-            return False, True
-        return self._chosen.admits(message), message.message_id == end
-
-    async def _open(self) -> Scanner:
-        scanner = self._scanner
-        while scanner is None:
-            if self._closed:
-                raise StopAsyncIteration
-            wal = await self._node._reader(self._plan[self._index].pchannel)
-            if self._closed:
-                raise StopAsyncIteration
-            scanner = self._start(wal)
-        return scanner
-
-    def _start(self, wal: WAL) -> Scanner | None:
-        """Open the current stretch's scanner on ``wal``; None if the timetick floor
-        rejects the whole stretch, which is then skipped."""
-        _, after, until = self._plan[self._index]
-        start = None if after is None else unmarshal_message_id(after)
-        deliver = _ALL if start is None else DeliverPolicy.start_after(start)
-        floor = self._chosen.min_timetick
-        if until is None:  # the live stretch
-            self._end = None
-            if self._deliver.kind != "all":
-                deliver = self._deliver
-            self._scanner = wal.read(deliver, [self._chosen])
-        elif until.message_id is not None and floor <= until.timetick:
-            # Admit the cut message too, so the stretch is seen to end.
-            vchannels = [*(self._chosen.vchannels or ()), until.vchannel]
-            self._end = (unmarshal_message_id(until.message_id), until)
-            self._scanner = wal.read(deliver, [Filter(vchannels=vchannels, min_timetick=floor)])
-        else:  # every message of the stretch is below the timetick floor
-            self._index += 1
-        return self._scanner
-
-    async def _next_stretch(self) -> None:
-        scanner, self._scanner = self._scanner, None
-        self._index += 1
-        if scanner is not None:
-            await scanner.aclose()
-
-    async def aclose(self) -> None:
-        """Stop the scanner; iteration then ends. Idempotent."""
-        self._closed = True
-        scanner, self._scanner = self._scanner, None
-        if scanner is not None:
-            await scanner.aclose()
-
-    async def __aenter__(self) -> NodeScanner:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def _checked_pchannels(pchannels: Iterable[str]) -> tuple[str, ...]:

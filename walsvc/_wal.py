@@ -584,7 +584,9 @@ class WAL:
         self._closed = True
         self._writable = False
         ready = self._ready
-        if ready is not None and not ready.done():
+        if ready is not None:
+            # A failed ready hook (e.g. the writer was fenced before its first TimeTick)
+            # that no append ever waited for: its error is retrieved here, not leaked.
             ready.cancel()
             await asyncio.gather(ready, return_exceptions=True)
         errors: list[BaseException] = []

@@ -13,6 +13,11 @@ Per pchannel, concurrently over several fresh pchannels:
 3. Closing: scanners and calls on a closed WAL.
 4. Truncation, durable across reopen, including truncating the whole log.
 
+These read the log as the backend returns it (``raw=True, use_cache=False``). Then, on one
+more pchannel, the scanner battery (``_scanner_conformance.py``) checks what readers see:
+filters, every deliver policy, transaction visibility, checkpoint resume and durable
+subscriptions, and the hand-off from the backend to the tail cache.
+
 Messages the kit did not write are tolerated only if they are system messages (a WAL may
 write timeticks of its own): they take part in the ordering checks and are otherwise
 ignored. Every failure is an ``AssertionError`` naming the pchannel, the step and what
@@ -36,6 +41,7 @@ from .._message import ImmutableMessage, Message, MessageType
 from .._scanner import Scanner
 from .._wal import WAL
 from ._instruments import MARK, Reader, Sent, describe, difference, task_group
+from ._scanner_conformance import ScannerCheck
 
 __all__ = ("check_backend",)
 
@@ -67,10 +73,12 @@ async def check_backend(
     Returns if the backend behaves as walsvc promises: reads in strictly increasing id
     order equal to what was acknowledged, exact seeks, a ``latest()`` that waits,
     read-only opens that read but refuse writes, ids and timeticks that keep increasing
-    across reopens, fencing of an earlier writer, ``WALClosed`` after closing, and
-    truncation that no read can see past. Raises ``AssertionError`` saying what differed
-    otherwise; a step (one read, one append, one open) that takes longer than
-    ``hang_after`` seconds counts as a hang and fails too. Every WAL the kit opens is
+    across reopens, fencing of an earlier writer, ``WALClosed`` after closing,
+    truncation that no read can see past, and the scanner battery (filters, deliver
+    policies, transactions, checkpoints and subscriptions, tail-cache hand-off).
+    Raises ``AssertionError`` saying what differed otherwise; a step (one read, one
+    append, one open) that takes longer than ``hang_after`` seconds counts as a hang and
+    fails too. Every WAL the kit opens is
     closed before it returns or raises.
     """
     if message_count < 2:
@@ -86,6 +94,8 @@ async def check_backend(
                 open_wal_for, f"conformance-{i}-{run}", message_count, hang_after
             )
             tg.create_task(check.run())
+    # Only on a backend that passed the battery above: what readers see through it.
+    await ScannerCheck(open_wal_for, f"conformance-scanners-{run}", hang_after).run()
 
 
 @final

@@ -1,0 +1,866 @@
+"""Properties of the read pipeline (tail cache, hand-offs, reorder and transaction
+buffers, checkpoints, subscriptions) under random workloads (hypothesis; reproducible).
+
+The property: for random, partly concurrent workloads of appends, batches, DDL and
+transactions (committed, rolled back, expired, or left open across a restart: the next
+writer rolls them back) over the vchannels "v1", "v2" and the broadcast "", with
+restarts, every reader's output equals a reference model computed from the raw log:
+
+    model(V) = the log's messages whose vchannel is V or "" (every message for V=None),
+               in log order (= tick order, checked), where each transaction with a
+               CommitTxn becomes one TXN message at its commit (the commit's id, tick,
+               last-confirmed id and term; body: its body messages, each with the
+               commit's tick) and every other transaction message disappears.
+
+Persisted TimeTicks are part of the model (vchannel "": every reader sees them) and are
+compared field by field like every other message. Idle TimeTicks (``persisted=False``)
+are not in the log, so the comparison leaves them out; every reader's ticks must still
+strictly increase, and idle ticks serve as checkpoints and acks like any message.
+
+Readers, per vchannel V in ("v1", "v2", None = no filter), each drained by a task that
+``pause`` ops hold between two messages:
+- tailing readers (``latest()``) opened with each writer (in about half the sessions;
+  in the others the cache activates when a reader opens mid-session, maybe with appends
+  in flight, and deactivates when the last one closes);
+- readers opened mid-session, concurrently with appends: ``all()`` (they start in the
+  backend and hand off to the cache), ``from_checkpoint(m.checkpoint)`` of a message m
+  delivered earlier (the model after m's position) and ``timetick_gt(m.timetick)``;
+- writers with a tiny ``tail_cache_bytes`` or a short ``tail_cache_age`` (and a clock
+  that advances) evict what paused or slow readers still need: they fall back to the
+  backend, and hand off again when they catch up;
+- a subscription per V that acks every message, stops after a random number of them or
+  is closed by a restart, and is reopened later: its incarnations together deliver the
+  model exactly (no gap, no duplicate), checked at each restart and, by a last writer,
+  to the end of the log; that last writer (and a read-only WAL) also resume from the
+  checkpoints of delivered messages.
+At each session's end every reader must deliver exactly the model's messages it is due
+(a reader without progress for 5 s fails), and over each test's run the hand-off,
+fallback, transaction and idle-tick paths must all have been taken.
+
+The two property tests run hypothesis inside a plain test, on each event loop, so they
+can check the whole run. The clock is injected and the timetick sync driven by hand:
+nothing waits for a timer. The plain tests at the end reproduce what the property found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import sys
+import types
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import _faulty
+import msgspec
+import pytest
+import uvloop
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import interceptors
+import scanners
+import walsvc
+from interceptors import TimetickSync
+from walsvc import DeliverPolicy, HybridClock, ImmutableMessage, Message, MessageType
+from walsvc._subscriptions import FileSubscriptionStore, SubscriptionStore
+
+_VCHANNELS: Final = ("v1", "v2", "")
+_READ: Final[tuple[str | None, ...]] = ("v1", "v2", None)  # None: a reader without filter
+_SLOTS: Final = 3
+_DEFAULT_CACHE: Final = 64 << 20  # the default tail_cache_bytes
+#: (tail_cache_bytes, tail_cache_age) of a writer: roomy, tiny (a few entries),
+#: short-lived (1 s of the injected clock: "advance" evicts), both.
+_CACHES: Final = ((_DEFAULT_CACHE, 30.0), (2000, 30.0), (_DEFAULT_CACHE, 1.0), (2000, 1.0))
+_FAULTY: Final = "faultysub"
+_TIMEOUT: Final = 5.0  # a reader that makes no progress for this long is a bug
+
+vchannels = st.sampled_from(_VCHANNELS)
+pads = st.one_of(st.integers(0, 300), st.just(2500))  # 2500: more than a tiny cache holds
+readers = st.integers(0, len(_READ) - 1)
+slots = st.integers(0, _SLOTS - 1)
+# A writer session: its tail cache, and whether tailing readers open with it (without
+# them the cache activates when a reader opens mid-session, maybe with appends in flight,
+# and deactivates when the last one closes).
+sessions = st.tuples(st.integers(0, len(_CACHES) - 1), st.booleans())
+
+_OPS = (
+    st.tuples(st.just("append"), vchannels, pads),
+    st.tuples(st.just("many"), st.lists(vchannels, min_size=1, max_size=4), pads),
+    st.tuples(st.just("burst"), st.lists(vchannels, min_size=5, max_size=20), pads),
+    # A whole transaction: begin, |n| bodies appended concurrently, then commit (n >= 0)
+    # or rollback (n < 0).
+    st.tuples(st.just("txn"), vchannels, st.integers(-2, 5)),
+    # Piecemeal transactions, interleaved with everything else (and left open at
+    # restarts: the next writer rolls them back).
+    st.tuples(st.just("begin"), slots, vchannels),
+    st.tuples(st.just("body"), slots, pads),
+    st.tuples(st.just("commit"), slots, st.just(0)),
+    st.tuples(st.just("rollback"), slots, st.just(0)),
+    st.tuples(st.just("ddl"), vchannels, st.just(0)),
+    # The timetick sync, once or twice: it persists a TimeTick if anything was
+    # appended since the last one, else publishes an idle tick to waiting readers.
+    st.tuples(st.just("sync"), st.integers(1, 2), st.just(0)),
+    st.tuples(st.just("advance"), st.integers(1, 3000), st.just(0)),
+    st.tuples(st.just("restart"), sessions, st.integers(-5000, 5000)),
+    # Pause or resume one live reader (or, for -1, every one).
+    st.tuples(st.sampled_from(["pause", "resume"]), st.integers(-1, 20), st.just(0)),
+    # Readers opened mid-session, concurrently with the group's appends: from the
+    # start, from a delivered message's checkpoint, above a delivered message's tick
+    # (timetick_gt), and a subscription that stops after some messages.
+    st.tuples(st.just("behind"), readers, st.integers(0, 3)),
+    st.tuples(st.just("checkpoint"), readers, st.integers(0, 10_000)),
+    st.tuples(st.just("floor"), readers, st.integers(0, 10_000)),
+    st.tuples(st.just("subscribe"), readers, st.integers(1, 12)),
+)
+# The next append (of any op in the group) fails: written but unacknowledged, not
+# written, or unavailable and retried (faultysub:// only). The first two reset the
+# tail cache.
+_FAULT = st.tuples(
+    st.just("fault"), st.sampled_from(["lost-ack", "lost-write", "unavailable"]), st.just(0)
+)
+
+
+def workloads(*, faults: bool = False) -> st.SearchStrategy[dict[str, Any]]:
+    ops = st.one_of(*_OPS, *([_FAULT] if faults else []))
+    return st.fixed_dictionaries(
+        {
+            "program": st.lists(ops, min_size=20, max_size=100),
+            # How many consecutive operations run concurrently.
+            "sizes": st.lists(st.integers(1, 4), min_size=100, max_size=100),
+            "session": sessions,
+            # Where a subscription reader is closed at a restart: by itself (True) or by
+            # the WAL's close (False).
+            "close_subscriptions": st.booleans(),
+            "picks": st.lists(st.integers(0, 10_000), max_size=3),
+        }
+    )
+
+
+class _FaultyBackend(_faulty.FaultyBackend):
+    """``tests/_faulty.py``'s backend (appends fail on command), with the memory
+    backend's subscriptions."""
+
+    scheme = _FAULTY
+
+    def subscriptions(self) -> SubscriptionStore:
+        return self._inner.subscriptions()
+
+
+def _register_faulty() -> None:
+    if _FAULTY not in walsvc.known_schemes():
+        module = types.ModuleType("_walsvc_test_scanner_faults")
+        module.backend_class = _FaultyBackend  # type: ignore[attr-defined]
+        sys.modules[module.__name__] = module
+        walsvc.register_backend(_FAULTY, module.__name__)
+
+
+_register_faulty()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.ms = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+# ---------------------------------------------------------------------------------------
+# The reference model
+
+
+def _log_order_checks(log: Sequence[ImmutableMessage]) -> None:
+    """The raw log's own promises the model relies on: log order is tick order, and no
+    transaction message follows its transaction's end."""
+    ticks = [m.timetick for m in log]
+    assert all(a < b for a, b in itertools.pairwise(ticks)), ticks
+    ended: set[int] = set()
+    for m in log:
+        if m.txn is None:
+            continue
+        assert m.txn.txn_id not in ended, f"{m} follows the end of its transaction"
+        if m.type in (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN):
+            ended.add(m.txn.txn_id)
+
+
+def _model(log: Sequence[ImmutableMessage], vchannel: str | None) -> list[ImmutableMessage]:
+    """What a reader of ``vchannel`` (None: every message) must see of ``log``."""
+    out: list[ImmutableMessage] = []
+    open_txns: dict[int, list[ImmutableMessage]] = {}
+    for m in log:
+        if vchannel is not None and m.vchannel not in (vchannel, ""):
+            continue
+        if m.txn is None:
+            out.append(m)
+            continue
+        txn_id = m.txn.txn_id
+        if m.type is MessageType.BEGIN_TXN:
+            assert txn_id not in open_txns, m
+            open_txns[txn_id] = []
+        elif m.type is MessageType.ROLLBACK_TXN:
+            open_txns.pop(txn_id, None)
+        elif m.type is MessageType.COMMIT_TXN:
+            body = open_txns.pop(txn_id)
+            tick = m.timetick
+            out.append(
+                msgspec.structs.replace(
+                    m,
+                    type=MessageType.TXN,
+                    body=tuple(msgspec.structs.replace(b, timetick=tick) for b in body),
+                )
+            )
+        else:
+            open_txns[txn_id].append(m)
+    return out
+
+
+def _key(m: ImmutableMessage) -> tuple[Any, ...]:
+    """Every field of a message, in comparable form (cached and decoded messages carry
+    their properties in different mapping types)."""
+    return (
+        m.message_id,
+        m.timetick,
+        m.vchannel,
+        int(m.type),
+        m.payload,
+        dict(m.properties),
+        m.last_confirmed_id,
+        m.txn,
+        m.idempotency_key,
+        m.term,
+        m.persisted,
+        tuple(_key(b) for b in m.body),
+    )
+
+
+def _keys(messages: Sequence[ImmutableMessage]) -> list[tuple[Any, ...]]:
+    return [_key(m) for m in messages if m.persisted]
+
+
+async def _whole_log(url: str) -> list[ImmutableMessage]:
+    """The raw log up to its newest message, through a read-only open (no tail cache)."""
+    async with await walsvc.open_wal(url, "p", read_only=True) as wal:
+        latest = await wal.latest_message_id()
+        out: list[ImmutableMessage] = []
+        if latest is None:
+            return out
+        async with wal.read(raw=True) as scanner:
+            async for message in scanner:
+                out.append(message)
+                if message.message_id == latest:
+                    return out
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Readers under test
+
+
+def _filters(vchannel: str | None) -> list[walsvc.Filter]:
+    return [] if vchannel is None else [scanners.vchannel(vchannel)]
+
+
+class _Reader:
+    """A scanner consumed by a background task into ``got``; ``gate`` pauses it between
+    two messages; ``expect`` turns the session's models into what it must deliver."""
+
+    def __init__(
+        self,
+        label: str,
+        vchannel: str | None,
+        scanner: walsvc.Scanner,
+        expect: Callable[[list[ImmutableMessage]], list[ImmutableMessage]] | None,
+        *,
+        ack: bool = False,
+        limit: int | None = None,
+    ) -> None:
+        self.label = label
+        self.vchannel = vchannel
+        self.scanner = scanner
+        self.expect = expect
+        self.ack = ack
+        self.limit = limit
+        self.got: list[ImmutableMessage] = []
+        self.persisted = 0
+        self.wal_closed = False
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.progress = asyncio.Event()
+        self.task = asyncio.ensure_future(self._consume())
+
+    async def _consume(self) -> None:
+        try:
+            async for m in self.scanner:
+                if self.ack:
+                    try:
+                        await self.scanner.ack(m)
+                    except walsvc.WALClosed:
+                        # Delivered just before a restart closed the scanner: not acked,
+                        # so the subscription delivers it again; it does not count.
+                        self.wal_closed = True
+                        return
+                self.got.append(m)
+                self.persisted += m.persisted
+                self.progress.set()
+                if self.limit is not None and len(self.got) >= self.limit:
+                    await self.scanner.aclose()
+                    return
+                await self.gate.wait()
+        except walsvc.WALClosed:
+            self.wal_closed = True
+        finally:
+            self.progress.set()
+
+    async def wait_for(self, count: int) -> None:
+        """Until ``count`` persisted messages arrived (or the reader ended)."""
+        while self.persisted < count and not self.task.done():
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), _TIMEOUT)
+            except TimeoutError:
+                raise AssertionError(
+                    f"{self.label}: no progress for {_TIMEOUT} s after {self.persisted} of"
+                    f" {count} messages; stats {self.scanner.stats()}"
+                ) from None
+
+    async def close(self, tally: collections.Counter[str]) -> None:
+        self.gate.set()
+        await self.scanner.aclose()
+        await self.task
+        stats = self.scanner.stats()
+        tally["handoffs"] += stats.handoffs
+        tally["fallbacks"] += stats.fallbacks
+        tally["readers"] += 1
+        assert stats.rejected == 0, (self.label, stats)
+        ticks = [m.timetick for m in self.got]
+        assert all(a < b for a, b in itertools.pairwise(ticks)), (self.label, ticks)
+
+
+# ---------------------------------------------------------------------------------------
+# The workload
+
+
+def _after_id(
+    before: walsvc.MessageId | None,
+) -> Callable[[list[ImmutableMessage]], list[ImmutableMessage]]:
+    return lambda model: [m for m in model if before is None or m.message_id > before]
+
+
+def _after(message: ImmutableMessage) -> Callable[[list[ImmutableMessage]], list[ImmutableMessage]]:
+    """The model after ``message`` as delivered: after its position, i.e. its id (an idle
+    tick's id is the newest message it confirms; a TXN's, its commit's). For a persisted
+    message that is also every message with a greater tick."""
+    return _after_id(message.message_id)
+
+
+def _after_tick(tick: int) -> Callable[[list[ImmutableMessage]], list[ImmutableMessage]]:
+    return lambda model: [m for m in model if m.timetick > tick]
+
+
+def _resumable(seen: list[ImmutableMessage], term: int) -> list[ImmutableMessage]:
+    """The delivered messages a reader of writer ``term`` resumes from: all but the idle
+    ticks of earlier writers, whose checkpoints are unsafe after a restart (see
+    test_resuming_from_an_idle_ticks_checkpoint_after_a_restart_skips_nothing)."""
+    return [m for m in seen if m.persisted or m.term == term]
+
+
+class _Run:
+    """One example: the workload, its readers, and the checks at each session's end."""
+
+    def __init__(self, url: str, workload: dict[str, Any], tally: collections.Counter[str]) -> None:
+        self.url = url
+        self.workload = workload
+        self.tally = tally
+        self.clock = _Clock()
+        self.wal: walsvc.WAL | None = None
+        self.txns: dict[int, walsvc.Txn] = {}
+        self.readers: list[_Reader] = []
+        self.subscribers: dict[str | None, _Reader] = {}
+        #: Per vchannel read: what its subscription's readers delivered, concatenated.
+        self.subscribed: dict[str | None, list[ImmutableMessage]] = {v: [] for v in _READ}
+        #: Per vchannel read: every message a reader of it delivered (checkpoint picks).
+        self.delivered: dict[str | None, list[ImmutableMessage]] = {v: [] for v in _READ}
+        self.counter = 0
+
+    def _payload(self, pad: int) -> bytes:
+        self.counter += 1
+        return b"%d:" % self.counter + b"x" * pad
+
+    async def _open(self, cache: int) -> walsvc.WAL:
+        max_bytes, max_age = _CACHES[cache]
+        wal = await walsvc.open_wal(
+            self.url,
+            "p",
+            timetick_allocator=HybridClock(now_ms=self.clock),
+            interceptors=interceptors.default_chain(sync_interval=None),
+            tail_cache_bytes=max_bytes,
+            tail_cache_age=max_age,
+        )
+        await wal.wait_ready()
+        return wal
+
+    async def _start_session(self, session: tuple[int, bool]) -> walsvc.WAL:
+        cache, tailing = session
+        wal = self.wal = await self._open(cache)
+        self.txns.clear()
+        if tailing:
+            expect = _after_id(await wal.latest_message_id())
+            for v in _READ:
+                scanner = wal.read(DeliverPolicy.latest(), _filters(v))
+                self.readers.append(_Reader(f"tailing {v}", v, scanner, expect))
+        return wal
+
+    async def _op(self, op: str, a: Any, b: Any) -> None:
+        wal = self.wal
+        assert wal is not None
+        try:
+            if op == "append":
+                await wal.append(Message(payload=self._payload(b), vchannel=a))
+            elif op in ("many", "burst"):
+                await wal.append_many([Message(payload=self._payload(b), vchannel=v) for v in a])
+            elif op == "txn":
+                txn = await wal.begin_txn(a, keepalive=2.0)
+                bodies = [Message(payload=self._payload(7), vchannel=a) for _ in range(abs(b))]
+                await asyncio.gather(*map(txn.append, bodies))
+                await (txn.commit() if b >= 0 else txn.rollback())
+            elif op == "begin":
+                self.txns[a] = await wal.begin_txn(b, keepalive=2.0)
+            elif op in ("body", "commit", "rollback") and a in self.txns:
+                txn = self.txns[a]
+                if op == "body":
+                    await txn.append(Message(payload=self._payload(b), vchannel=txn.vchannel))
+                elif op == "commit":
+                    await txn.commit()
+                else:
+                    await txn.rollback()
+            elif op == "ddl":
+                await wal.append(
+                    Message(payload=b"", vchannel=a, type=MessageType.CREATE_PARTITION)
+                )
+        except (walsvc.TxnError, walsvc.WALClosed, walsvc.AppendOutcomeUnknown):
+            pass  # expired, aborted, ended, closed or lost: the readers must still hold up
+
+    async def _open_reader(self, op: str, which: int, arg: int) -> None:
+        for _ in range(arg % 4):  # let the group's appends get under way
+            await asyncio.sleep(0)
+        wal = self.wal
+        assert wal is not None
+        v = _READ[which]
+        seen = self.delivered[v]
+        if op == "behind":
+            scanner = wal.read(DeliverPolicy.all(), _filters(v))
+            self.readers.append(_Reader(f"behind {v}", v, scanner, lambda model: model))
+        elif op == "floor" and seen:
+            m = seen[arg % len(seen)]
+            filters = [*_filters(v), scanners.timetick_gt(m.timetick)]
+            scanner = wal.read(DeliverPolicy.all(), filters)
+            label = f"timetick_gt({m.timetick}) {v}"
+            self.readers.append(_Reader(label, v, scanner, _after_tick(m.timetick)))
+        elif op == "checkpoint" and (picks := _resumable(seen, wal.term)):
+            m = picks[arg % len(picks)]
+            scanner = wal.read(DeliverPolicy.from_checkpoint(m.checkpoint), _filters(v))
+            label = f"from {m.checkpoint} {v}"
+            self.readers.append(_Reader(label, v, scanner, _after(m)))
+        elif op == "subscribe":
+            current = self.subscribers.get(v)
+            if current is not None and not current.task.done():
+                return  # one scanner per subscription at a time
+            if current is not None:
+                self._subscriber_done(current)
+            scanner = wal.read(DeliverPolicy.all(), _filters(v), subscription=f"s-{v}")
+            self.subscribers[v] = _Reader(
+                f"subscription {v}", v, scanner, None, ack=True, limit=arg
+            )
+
+    def _subscriber_done(self, reader: _Reader) -> None:
+        assert reader.task.done()
+        self.subscribed[reader.vchannel] += reader.got
+        self.delivered[reader.vchannel] += reader.got
+        del self.subscribers[reader.vchannel]
+
+    def _pause(self, op: str, which: int) -> None:
+        live = [r for r in self.readers if not r.task.done()]
+        if not live:
+            return
+        for reader in live if which < 0 else [live[which % len(live)]]:
+            if op == "pause":
+                reader.gate.clear()
+            else:
+                reader.gate.set()
+
+    def _count(self, got: Sequence[ImmutableMessage]) -> None:
+        self.tally["compared"] += len(got)
+        self.tally["txn messages"] += sum(m.type is MessageType.TXN for m in got)
+        self.tally["idle ticks"] += sum(not m.persisted for m in got)
+
+    async def _end_session(self, restart: bool) -> None:
+        """Compare every reader of this session with the model of the log as it is now."""
+        assert self.wal is not None
+        cache = self.wal.cache_stats()
+        self.tally["cache resets"] += 0 if cache is None else cache.resets
+        log = await _whole_log(self.url)
+        _log_order_checks(log)
+        models = {v: _model(log, v) for v in _READ}
+        for reader in self.readers:
+            reader.gate.set()
+        for reader in self.readers:
+            assert reader.expect is not None
+            expected = reader.expect(models[reader.vchannel])
+            await reader.wait_for(len(expected))
+            await reader.close(self.tally)
+            assert not reader.wal_closed, reader.label
+            assert _keys(reader.got) == _keys(expected), reader.label
+            self.delivered[reader.vchannel] += reader.got
+            self._count(reader.got)
+        self.readers.clear()
+        close_subscriptions = self.workload["close_subscriptions"] or not restart
+        for v, reader in list(self.subscribers.items()):
+            reader.gate.set()
+            if close_subscriptions:
+                await reader.close(self.tally)
+            else:
+                # The restart closes it (and flushes its checkpoint).
+                assert self.wal is not None
+                await self.wal.aclose()
+                await reader.task
+            self._subscriber_done(reader)
+            got = _keys(self.subscribed[v])
+            assert got == _keys(models[v])[: len(got)], f"subscription {v}"
+
+    async def run(self) -> None:
+        program: list[tuple[str, Any, Any]] = self.workload["program"]
+        wal = await self._start_session(self.workload["session"])
+        position = 0
+        for size in self.workload["sizes"]:
+            batch = program[position : position + size]
+            position += size
+            if not batch:
+                break
+            concurrent: list[asyncio.Future[None]] = []
+            for op, a, b in batch:
+                if op == "advance":
+                    self.clock.ms += a
+                elif op == "sync":
+                    sync = next(m for m in wal.interceptors if isinstance(m, TimetickSync))
+                    for _ in range(a):
+                        await asyncio.sleep(0)  # let caught-up readers wait
+                        try:
+                            await sync.sync_once()
+                        except (walsvc.AppendOutcomeUnknown, walsvc.BackendUnavailable):
+                            pass  # an injected fault hit the TimeTick (not retried)
+                elif op == "fault":
+                    _FaultyBackend.faults["p"] = [a]
+                elif op in ("pause", "resume"):
+                    self._pause(op, a)
+                elif op in ("behind", "checkpoint", "floor", "subscribe"):
+                    concurrent.append(asyncio.ensure_future(self._open_reader(op, a, b)))
+                elif op == "restart":
+                    await asyncio.gather(*concurrent)
+                    concurrent = []
+                    _FaultyBackend.faults.pop("p", None)
+                    await self._end_session(restart=True)
+                    await wal.aclose()
+                    self.tally["restarts"] += 1
+                    self.clock.ms += b  # the wall clock may step back across a restart
+                    wal = await self._start_session(a)
+                else:
+                    concurrent.append(asyncio.ensure_future(self._op(op, a, b)))
+            await asyncio.gather(*concurrent)
+            _FaultyBackend.faults.pop("p", None)  # a fault no append of the group took
+        await self._end_session(restart=True)
+        await wal.aclose()
+        await self._verify()
+
+    async def _verify(self) -> None:
+        """A last writer: every subscription reads to the end (its incarnations together
+        deliver the model exactly); readers resume from checkpoints of delivered messages
+        (on the writer, and read-only) and deliver the model's suffix."""
+        wal = self.wal = await self._open(0)
+        try:
+            log = await _whole_log(self.url)
+            models = {v: _model(log, v) for v in _READ}
+            for v in _READ:
+                scanner = wal.read(DeliverPolicy.all(), _filters(v), subscription=f"s-{v}")
+                reader = _Reader(f"final subscription {v}", v, scanner, None, ack=True)
+                await reader.wait_for(len(_keys(models[v])) - len(_keys(self.subscribed[v])))
+                await reader.close(self.tally)
+                got = self.subscribed[v] + reader.got
+                assert _keys(got) == _keys(models[v]), f"subscription {v}"
+                self._count(got)
+            async with await walsvc.open_wal(self.url, "p", read_only=True) as ro:
+                for i, pick in enumerate(self.workload["picks"]):
+                    v = _READ[pick % len(_READ)]
+                    picks = _resumable(self.delivered[v], wal.term)
+                    if not picks:
+                        continue
+                    m = picks[pick % len(picks)]
+                    policy = DeliverPolicy.from_checkpoint(m.checkpoint)
+                    scanner = (wal if i % 2 else ro).read(policy, _filters(v))
+                    expected = _after(m)(models[v])
+                    reader = _Reader(f"final checkpoint {v}", v, scanner, None)
+                    await reader.wait_for(len(expected))
+                    await reader.close(self.tally)
+                    assert _keys(reader.got) == _keys(expected), reader.label
+                    self._count(reader.got)
+        finally:
+            await wal.aclose()
+
+
+# ---------------------------------------------------------------------------------------
+# The tests
+
+_LOOPS: Final[dict[str, Callable[[], asyncio.AbstractEventLoop]]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+def _run_on(loop: str, main: Coroutine[Any, Any, None]) -> None:
+    with asyncio.Runner(loop_factory=_LOOPS[loop]) as runner:
+        runner.run(main)
+
+
+def _check_over_the_run(tally: collections.Counter[str]) -> None:
+    # Per example, whether a reader hands off or falls back, sees a committed transaction
+    # or an idle tick depends on the workload and on timing; over the run, every one of
+    # these paths must have been taken (each is taken in about half the examples or more).
+    for path in ("handoffs", "fallbacks", "txn messages", "idle ticks"):
+        assert tally[path] >= 1, (path, tally)
+
+
+_settings = settings(suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", list(_LOOPS))
+def test_readers_deliver_the_model_on_memory(loop: str) -> None:
+    tally: collections.Counter[str] = collections.Counter()
+
+    @settings(_settings, max_examples=100)
+    @given(workload=workloads())
+    def check(workload: dict[str, Any]) -> None:
+        url = f"memory://{uuid.uuid4().hex}"
+        _run_on(loop, _Run(url, workload, tally).run())
+
+    check()
+    _check_over_the_run(tally)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", list(_LOOPS))
+def test_readers_deliver_the_model_on_file(loop: str, tmp_path: Path) -> None:
+    tally: collections.Counter[str] = collections.Counter()
+
+    @settings(_settings, max_examples=40)
+    @given(workload=workloads())
+    def check(workload: dict[str, Any]) -> None:
+        url = f"file://{tmp_path / uuid.uuid4().hex}"
+        _run_on(loop, _Run(url, workload, tally).run())
+
+    check()
+    _check_over_the_run(tally)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", list(_LOOPS))
+def test_readers_deliver_the_model_when_appends_fail(loop: str) -> None:
+    """Appends whose outcome is unknown reset the tail cache under the readers."""
+    tally: collections.Counter[str] = collections.Counter()
+
+    @settings(_settings, max_examples=60)
+    @given(workload=workloads(faults=True))
+    def check(workload: dict[str, Any]) -> None:
+        url = f"{_FAULTY}://{uuid.uuid4().hex}"
+        try:
+            _run_on(loop, _Run(url, workload, tally).run())
+        finally:
+            _FaultyBackend.faults.pop("p", None)
+
+    check()
+    _check_over_the_run(tally)
+    assert tally["cache resets"] >= 1, tally
+
+
+# ---------------------------------------------------------------------------------------
+# The paths the property must take, spelled out; reproducers of what it found
+
+
+async def test_a_reader_behind_reads_the_backend_then_hands_off_to_the_cache() -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(url, "p", interceptors=[]) as wal:
+        ids = [(await wal.append(Message(payload=b"0", vchannel="v1"))).message_id]
+        ids += [
+            r.message_id
+            for r in await wal.append_many(
+                [Message(payload=b"%d" % i, vchannel="v1") for i in range(1, 5)]
+            )
+        ]
+        async with wal.read(DeliverPolicy.all(), [scanners.vchannel("v1")]) as scanner:
+            assert scanner.stats().source == "backend"
+            got = [await _next(scanner) for _ in range(5)]
+            more = await wal.append(Message(payload=b"5", vchannel="v1"))
+            got.append(await _next(scanner))
+            stats = scanner.stats()
+    assert [m.message_id for m in got] == [*ids, more.message_id]
+    assert (stats.source, stats.handoffs, stats.fallbacks) == ("cache", 1, 0)
+
+
+async def test_a_reader_that_falls_out_of_the_cache_continues_from_the_backend() -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(url, "p", interceptors=[], tail_cache_bytes=2000) as wal:
+        async with wal.read(DeliverPolicy.latest()) as scanner:
+            first = await wal.append(Message(payload=b"0", vchannel="v1"))
+            assert (await _next(scanner)).message_id == first.message_id
+            assert scanner.stats().source == "cache"
+            # While the reader waits, 30 entries of ~250 bytes go through a 2000-byte cache.
+            rest = [
+                (await wal.append(Message(payload=b"%d" % i, vchannel="v1"))).message_id
+                for i in range(1, 31)
+            ]
+            assert wal.cache_stats().evicted > 0  # type: ignore[union-attr]
+            got = [(await _next(scanner)).message_id for _ in rest]
+            assert scanner.stats().fallbacks == 1
+            # Caught up, the next read waits, and hands off to the cache meanwhile.
+            waiting = asyncio.ensure_future(_next(scanner))
+            await asyncio.sleep(0)
+            rest.append((await wal.append(Message(payload=b"31", vchannel="v1"))).message_id)
+            got.append((await waiting).message_id)
+            stats = scanner.stats()
+    assert got == rest  # no gap, no duplicate
+    assert (stats.source, stats.handoffs, stats.fallbacks) == ("cache", 1, 1)
+
+
+@pytest.mark.parametrize("closed_by", ["scanner", "wal"])
+async def test_a_subscription_scanner_closed_while_loading_its_checkpoint_delivers_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closed_by: str
+) -> None:
+    """Found by the property (file://): the WAL closed a subscription scanner whose first
+    read was still loading the stored checkpoint (in a worker thread); the read then
+    opened a source anyway and delivered messages after the close, acked into a
+    checkpoint writer nobody flushed, so the next reader of the subscription got them
+    again. The same holds for ``Scanner.aclose``."""
+    loaded = asyncio.Event()
+    load = FileSubscriptionStore._load
+
+    async def load_and_tell(self: FileSubscriptionStore, name: str) -> walsvc.Checkpoint | None:
+        try:
+            return await load(self, name)
+        finally:
+            loaded.set()
+
+    monkeypatch.setattr(FileSubscriptionStore, "_load", load_and_tell)
+    url = f"file://{tmp_path / 'log'}"
+    wal = await walsvc.open_wal(url, "p", interceptors=[])
+    backend_aclose = type(wal.backend).aclose
+
+    async def slow_aclose(self: Any) -> None:
+        # As when other scanners' checkpoint flushes keep the WAL's close busy: the
+        # load finishes before the backend closes.
+        await loaded.wait()
+        await backend_aclose(self)
+
+    monkeypatch.setattr(type(wal.backend), "aclose", slow_aclose)
+    try:
+        await wal.append(Message(payload=b"a", vchannel="v1"))
+        scanner = wal.read(subscription="s")
+        first = asyncio.ensure_future(anext(scanner))
+        await asyncio.sleep(0)  # the first read now waits for the stored checkpoint
+        assert scanner.stats().source == "not started"
+        assert not loaded.is_set()
+        if closed_by == "scanner":
+            await scanner.aclose()
+            with pytest.raises(StopAsyncIteration):
+                await first
+        else:
+            await wal.aclose()
+            with pytest.raises(walsvc.WALClosed):
+                await first
+        assert scanner.stats().source == "not started"
+    finally:
+        await wal.aclose()
+
+
+async def _next(scanner: walsvc.Scanner) -> ImmutableMessage:
+    return await asyncio.wait_for(anext(scanner), _TIMEOUT)
+
+
+async def _idle_tick_then_restart(
+    url: str, clock: _Clock, subscription: str | None
+) -> tuple[ImmutableMessage, walsvc.WAL]:
+    """A writer appends, persists a TimeTick, then publishes an idle tick that a scanner
+    (of ``subscription``, which acks it) receives; then the writer closes and a new one
+    opens in the same millisecond (or on a clock a little behind: another node)."""
+    wal = await _open_for_test(url, clock)
+    sync = next(m for m in wal.interceptors if isinstance(m, TimetickSync))
+    await wal.append(Message(payload=b"a", vchannel="v1"))
+    await sync.sync_once()  # persists a TimeTick
+    newest = await wal.latest_message_id()
+    async with wal.read(subscription=subscription) as scanner:
+        while (await _next(scanner)).message_id != newest:
+            pass
+        waiting = asyncio.ensure_future(_next(scanner))
+        # Nothing appended since the TimeTick: once the scanner waits, an idle tick.
+        for _ in range(100):
+            if await sync.sync_once() is not None:
+                break
+            await asyncio.sleep(0)
+        idle = await waiting
+        assert not idle.persisted
+        if subscription is not None:
+            await scanner.ack(idle)
+    await wal.aclose()
+    return idle, await _open_for_test(url, clock)
+
+
+async def _open_for_test(url: str, clock: _Clock) -> walsvc.WAL:
+    wal = await walsvc.open_wal(
+        url,
+        "p",
+        timetick_allocator=HybridClock(now_ms=clock),
+        interceptors=interceptors.default_chain(sync_interval=None),
+    )
+    await wal.wait_ready()
+    return wal
+
+
+async def test_an_acked_idle_tick_does_not_make_the_subscription_skip_the_next_writer() -> None:
+    """Found by the property: idle ticks are allocated but never written, so the next
+    writer (recovering its tick floor from the log) may give its first messages ticks at
+    or below an idle tick a reader acked; the subscription then resumed above the idle
+    tick and skipped them."""
+    url = f"memory://{uuid.uuid4().hex}"
+    idle, wal = await _idle_tick_then_restart(url, _Clock(), "s")
+    async with wal:
+        assert (await wal.latest_message_id()) is not None
+        opening = (await _whole_log(url))[-1]
+        assert opening.type is MessageType.TIME_TICK
+        assert opening.timetick <= idle.timetick  # the new writer reused the idle tick
+        appended = await wal.append(Message(payload=b"b", vchannel="v1"))
+        async with wal.read(subscription="s") as scanner:
+            first = await _next(scanner)
+            assert first.message_id == opening.message_id, first  # not skipped
+            assert (await _next(scanner)).message_id == appended.message_id
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="open: an idle tick's checkpoint names a tick that is never written, so the next"
+    " writer may reuse it; fixing it needs the writer or the message (_wal.py, _message.py)",
+)
+async def test_resuming_from_an_idle_ticks_checkpoint_after_a_restart_skips_nothing() -> None:
+    """Found by the property: ``from_checkpoint(idle.checkpoint)`` skips the next writer's
+    first messages when their ticks are at or below the idle tick (a restart within the
+    same millisecond, or a new writer whose clock is a little behind)."""
+    url = f"memory://{uuid.uuid4().hex}"
+    idle, wal = await _idle_tick_then_restart(url, _Clock(), None)
+    async with wal:
+        opening = (await _whole_log(url))[-1]
+        await wal.append(Message(payload=b"b", vchannel="v1"))
+        async with wal.read(DeliverPolicy.from_checkpoint(idle.checkpoint)) as scanner:
+            first = await _next(scanner)
+    assert first.message_id == opening.message_id, first
