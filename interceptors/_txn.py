@@ -300,34 +300,44 @@ class Transactions:
 
     def _abort_in_background(self, session: _Session, error: TxnError) -> None:
         """End ``session`` now; append its RollbackTxn in the background."""
-        if session.pin is None:
+        pin = self._end(session, error, keep_pin=True)
+        if pin is None:
             return
-        self._end(session, error)
-        task = asyncio.ensure_future(self._write_rollback(session))
+        task = asyncio.ensure_future(self._write_rollback(session, pin))
         self._expiring.add(task)
         task.add_done_callback(self._expiring.discard)
 
     async def _abort(self, session: _Session, error: TxnError) -> None:
         """End ``session`` now and wait until its RollbackTxn is written."""
-        if session.pin is None:
-            return
-        self._end(session, error)
-        await self._write_rollback(session)
+        pin = self._end(session, error, keep_pin=True)
+        if pin is not None:
+            await self._write_rollback(session, pin)
 
-    async def _write_rollback(self, session: _Session) -> None:
-        """Best effort: if the WAL cannot write, readers drop the body once its keepalive
-        runs out."""
+    async def _write_rollback(self, session: _Session, pin: object) -> None:
+        """Append the RollbackTxn of an ended ``session``, then release its ``pin``: until
+        the RollbackTxn is in the log the transaction is open there, so a message appended
+        meanwhile must still name a last-confirmed id at or before its BeginTxn. Best
+        effort: if the WAL cannot write, readers drop the body once its keepalive runs
+        out."""
         context = self._bound()
         try:
             await context.append_system(_rollback_of(session.context, session.vchannel))
         except WALError:
             pass
+        finally:
+            context.unpin(pin)
 
-    def _end(self, session: _Session, error: TxnError) -> None:
+    def _end(self, session: _Session, error: TxnError, *, keep_pin: bool = False) -> object | None:
+        """End ``session`` with ``error`` (what its later calls raise). Returns the
+        session's last-confirmed pin if ``keep_pin`` (the caller releases it once the
+        transaction's end is in the log), else releases it; returns None if the session
+        had already ended."""
         txn_id = session.context.txn_id
-        if session.pin is None:
-            return
-        self._bound().unpin(session.pin)
+        pin = session.pin
+        if pin is None:
+            return None
+        if not keep_pin:
+            self._bound().unpin(pin)
         session.pin = None
         self._sessions.pop(txn_id, None)
         self._ended[txn_id] = error
@@ -337,6 +347,7 @@ class Transactions:
             session.drained.set()
         if not self._sessions:
             self._unlisten()
+        return pin if keep_pin else None
 
     # -- expiry by timetick -----------------------------------------------------------
 

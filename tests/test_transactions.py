@@ -134,6 +134,29 @@ async def test_an_idle_transaction_expires_by_timetick(url: str, clock: FakeCloc
     assert len(mine) == 4  # begin, two bodies, rollback
 
 
+async def test_a_transaction_stays_pinned_until_its_rollback_is_in_the_log(
+    url: str, clock: FakeClock
+) -> None:
+    # Two transactions expire at the same tick; their RollbackTxns are written one after
+    # the other. The first RollbackTxn is appended while the second transaction is still
+    # open in the log, so its last-confirmed id must not pass the second's BeginTxn
+    # (found by the interceptor property test: the pin was dropped at expiry).
+    async with await open_manual(url, clock) as wal:
+        sync = member(wal, TimetickSync)
+        first = await wal.begin_txn("v1", keepalive=2.0)
+        second = await wal.begin_txn("v1", keepalive=2.0)
+        clock.ms += 2001
+        await sync.sync_once()
+    async with await walsvc.open_wal(url, "p0", read_only=True) as wal:
+        log = await log_of(wal)
+    begins = {m.txn: m for m in log if m.type is MessageType.BEGIN_TXN}
+    rollbacks = [m for m in log if m.type is MessageType.ROLLBACK_TXN]
+    assert {m.txn for m in rollbacks} == {first.context, second.context}
+    earlier, later = rollbacks
+    assert earlier.last_confirmed_id is not None
+    assert earlier.last_confirmed_id <= begins[later.txn].message_id
+
+
 async def test_commit_waits_for_in_flight_body_appends() -> None:
     gate = asyncio.Event()
     order: list[str] = []

@@ -220,8 +220,9 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
     ``last_confirmed_id`` is the id from which a reader sees every message with a greater
     timetick, including transactions open at this message; ``term`` is the term of the
     writer that appended it. ``persisted`` is False only for idle TimeTicks, which the WAL
-    hands to its own tailing scanners without writing them (their ``message_id`` is the
-    newest durable message's).
+    hands to its own tailing scanners without writing them (their ``message_id`` and
+    ``durable_tick`` are the newest durable message's id and timetick; ``durable_tick`` is
+    -1 on every persisted message).
 
     A committed transaction reaches readers as one ``MessageType.TXN`` message: its id,
     timetick, last-confirmed id and term are its CommitTxn's, and ``body`` holds the body
@@ -246,12 +247,18 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
     term: int
     persisted: bool = True
     body: tuple[ImmutableMessage, ...] = ()
+    durable_tick: int = -1
 
     @property
     def checkpoint(self) -> Checkpoint:
-        """Where a reader that handled this message resumes: (last-confirmed id, timetick);
-        see ``DeliverPolicy.from_checkpoint``."""
-        return Checkpoint(self.last_confirmed_id, self.timetick)
+        """Where a reader that handled this message (and everything delivered before it)
+        resumes: (last-confirmed id, timetick); see ``DeliverPolicy.from_checkpoint``.
+        For an idle TimeTick the timetick is ``durable_tick``, not its own: the idle tick
+        is never written, so a later writer (which recovers its tick floor from the log)
+        may give its first messages ticks up to the idle tick's."""
+        if self.persisted:
+            return Checkpoint(self.last_confirmed_id, self.timetick)
+        return Checkpoint(self.last_confirmed_id, self.durable_tick)
 
 
 class AppendResult(msgspec.Struct, frozen=True):

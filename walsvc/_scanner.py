@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ("Scanner", "ScannerStats", "Subscription")
 
-#: How many idle ticks a subscription scanner remembers for ``ack`` (10 s at the default
-#: 10 ms timetick sync).
-_IDLE_FLOORS = 1024
-
 #: Opens the source of a scanner from a (backend-level) deliver policy and a filter.
 OpenSource = Callable[[DeliverPolicy, Filter], LogSource]
 
@@ -90,11 +86,9 @@ class Scanner:
         "_deliver",
         "_delivered",
         "_floor",
-        "_idle_floors",
         "_index",
         "_on_close",
         "_open_source",
-        "_persisted_tick",
         "_reorder",
         "_source",
         "_source_filter",
@@ -123,9 +117,6 @@ class Scanner:
         self._user_closed = False
         self._wal_closed = False
         self._delivered = 0
-        self._persisted_tick = -1  # the tick of the last persisted message delivered
-        # Subscriptions: idle tick -> _persisted_tick when it was delivered (see ack).
-        self._idle_floors: dict[int, int] = {}
         self._reorder = None if raw else ReorderBuffer(ordered=ordered)
         self._txns = None if raw else TxnBuffer(max_bytes=txn_buffer_bytes)
         if raw or selected.min_timetick <= 0:
@@ -206,27 +197,11 @@ class Scanner:
                     batch = self._above_floor(batch)
                 if batch:
                     self._delivered += len(batch)
-                    if batch[-1].persisted:
-                        self._persisted_tick = batch[-1].timetick
-                    else:
-                        self._delivered_idle_tick(batch)
                     return batch
         except WALClosed:
             if self._user_closed:
                 raise StopAsyncIteration from None
             raise
-
-    def _delivered_idle_tick(self, batch: Sequence[ImmutableMessage]) -> None:
-        """``batch`` ends with an idle tick (the source delivers them last in a batch)."""
-        for message in reversed(batch):
-            if message.persisted:
-                self._persisted_tick = message.timetick
-                break
-        if self._subscription is not None:
-            floors = self._idle_floors
-            floors[batch[-1].timetick] = self._persisted_tick
-            if len(floors) > _IDLE_FLOORS:
-                del floors[next(iter(floors))]
 
     def _above_floor(self, batch: Sequence[ImmutableMessage]) -> Sequence[ImmutableMessage]:
         """Drop messages at or below the timetick floor; batches come in tick order, so
@@ -252,18 +227,7 @@ class Scanner:
             raise TypeError(f"ack takes a delivered walsvc.ImmutableMessage, not {message!r}")
         if self._checkpoints is None:
             raise InvalidArgument("ack of a message this scanner has not delivered yet")
-        checkpoint = message.checkpoint
-        if not message.persisted:
-            # An idle tick is not in the log: the next writer, which recovers its tick
-            # floor from the log, may give its first messages ticks up to the idle tick's.
-            # Resume after the last persisted message delivered before it instead (what
-            # lies between them was filtered out; the idle tick's last-confirmed id is at
-            # or before every transaction still open).
-            floor = self._idle_floors.get(message.timetick, -1)
-            if floor < 0:
-                return  # nothing persisted delivered (or too old to tell): nothing to ack
-            checkpoint = Checkpoint(message.last_confirmed_id, floor)
-        self._checkpoints.note(checkpoint)
+        self._checkpoints.note(message.checkpoint)
 
     async def flush(self) -> None:
         """Write the subscription's latest acknowledged checkpoint now."""

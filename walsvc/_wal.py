@@ -108,6 +108,7 @@ class WAL:
         "_ext",
         "_ext_id",
         "_last_acked",
+        "_last_acked_tick",
         "_last_tick",
         "_max_message_size",
         "_max_payload",
@@ -152,6 +153,7 @@ class WAL:
             self._members, self._serialize_batch, plain=True
         )
         self._last_acked: MessageId | None = None
+        self._last_acked_tick = -1  # the timetick of _last_acked
         #: The newest id in the log when this writer opened (the tail cache's first floor).
         self._newest_at_open: MessageId | None = None
         self._confirmed: MessageId | None = None
@@ -328,6 +330,7 @@ class WAL:
             raise
         message_id = ids[0]
         self._last_acked = message_id
+        self._last_acked_tick = tick
         if slot >= 0:
             assert cache is not None
             cache.put(slot, (self._cached(message, message_id, tick, last_confirmed),))
@@ -358,6 +361,7 @@ class WAL:
                 raise self._outcome_unknown(exc) from exc
             raise
         self._last_acked = ids[-1]
+        self._last_acked_tick = encoded[-1][1]
         results = [
             AppendResult(i, tick, last_confirmed)
             for i, (_, tick, last_confirmed) in zip(ids, encoded, strict=True)
@@ -690,6 +694,8 @@ class _Context(InterceptorContext):
                     None,
                     wal._term,
                     False,
+                    (),
+                    wal._last_acked_tick,
                 )
             )
         self.notify_tick(tick)
