@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -202,6 +203,43 @@ def test_claims_are_keyed_by_location_and_pchannel(tmp_path: Path) -> None:
         _file_store(tmp_path),
     ):
         store.release("s")
+
+
+_HOLD_A_CLAIM = """
+import asyncio, sys, walsvc
+async def main():
+    async with await walsvc.open_wal(sys.argv[1], "p", read_only=True) as wal:
+        async with wal.read(subscription="s"):
+            print("claimed", flush=True)
+            await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_a_file_subscription_read_in_another_process_is_busy(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    async with await walsvc.open_wal(url, "p") as wal:
+        await wal.append(Message(payload=b"x", vchannel="v"))
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _HOLD_A_CLAIM, url, stdout=asyncio.subprocess.PIPE
+        )
+        try:
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 60)
+            assert line == b"claimed\n"
+            with pytest.raises(SubscriptionBusy, match=f"another process \\(pid {child.pid};"):
+                wal.read(subscription="s")
+            async with wal.read(subscription="t"):  # other names are free
+                pass
+        finally:
+            child.kill()
+            await child.wait()
+        # The kernel dropped the dead process's lock.
+        async with wal.read(subscription="s") as scanner:
+            async for message in scanner:
+                if message.vchannel == "v":
+                    assert message.payload == b"x"
+                    break
 
 
 async def test_the_base_backend_has_no_subscriptions(wal: walsvc.WAL) -> None:

@@ -9,6 +9,7 @@ A ``SubscriptionStore`` keeps one ``Checkpoint`` per subscription name beside th
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import math
 import os
 import re
@@ -60,6 +61,8 @@ def check_subscription_name(name: str) -> str:
 # Claims are process-wide: every store instance for the same log and pchannel shares them.
 _claims_lock: Final = threading.Lock()
 _claims: Final[dict[Hashable, set[str]]] = {}
+# file://: the open lock file of each claimed (claim key, name), guarded by _claims_lock.
+_lock_files: Final[dict[tuple[Hashable, str], int]] = {}
 
 
 class SubscriptionStore(ABC):
@@ -100,9 +103,9 @@ class SubscriptionStore(ABC):
         return sorted(await self._names())
 
     def claim(self, name: str) -> None:
-        """Mark ``name`` as read by a scanner of this process; raise ``SubscriptionBusy``
-        if it already is (through any store instance for the same log and pchannel).
-        Exclusivity is in-process only: another process is not stopped."""
+        """Mark ``name`` as read by one scanner; raise ``SubscriptionBusy`` if a scanner
+        already reads it, through any store instance for the same log and pchannel in
+        this process, or (where the store can tell: ``file://``) in another process."""
         check_subscription_name(name)
         with _claims_lock:
             held = _claims.setdefault(self._claim_key, set())
@@ -110,6 +113,7 @@ class SubscriptionStore(ABC):
                 raise SubscriptionBusy(
                     f"subscription {name!r} is already being read by a scanner of this process"
                 )
+            self._lock(name)
             held.add(name)
 
     def release(self, name: str) -> None:
@@ -118,10 +122,17 @@ class SubscriptionStore(ABC):
         check_subscription_name(name)
         with _claims_lock:
             held = _claims.get(self._claim_key)
-            if held is not None:
+            if held is not None and name in held:
                 held.discard(name)
+                self._unlock(name)
                 if not held:
                     del _claims[self._claim_key]
+
+    def _lock(self, name: str) -> None:  # noqa: B027 (a hook; most stores need none)
+        """Hook: claim ``name`` against other processes (raise ``SubscriptionBusy``)."""
+
+    def _unlock(self, name: str) -> None:  # noqa: B027
+        """Hook: end what ``_lock`` claimed."""
 
     @abstractmethod
     async def _load(self, name: str) -> Checkpoint | None: ...
@@ -422,7 +433,11 @@ class FileSubscriptionStore(SubscriptionStore):
     A save writes a hidden temporary file (``.<name>.<random>.tmp``: names cannot start
     with a dot, so it never collides with a subscription), fsyncs it, renames it over the
     old file and fsyncs the directory. Blocking I/O runs in a worker thread. Works on a
-    read-only opened WAL too (the directory is created on the first save).
+    read-only opened WAL too (the directory is created on the first save or claim).
+
+    A claim also takes an exclusive ``flock`` on ``.<name>.lock`` (holding the claimer's
+    pid), so a scanner of another process reading the same subscription gets
+    ``SubscriptionBusy``; the kernel drops the lock when its process dies.
     """
 
     __slots__ = ("_dir_ready", "path")
@@ -432,6 +447,40 @@ class FileSubscriptionStore(SubscriptionStore):
         #: The directory holding the checkpoint files.
         self.path = os.path.join(pchannel_path, "subscriptions")
         self._dir_ready = False
+
+    def _lock(self, name: str) -> None:
+        path = os.path.join(self.path, f".{name}.lock")
+        try:
+            self._make_dir()
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot lock subscription {name!r} ({path}): {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise SubscriptionBusy(
+                f"subscription {name!r} is already being read by a scanner of another"
+                f" process (pid {holder}; lock file {path})"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+        _lock_files[(self._claim_key, name)] = fd
+
+    def _unlock(self, name: str) -> None:
+        fd = _lock_files.pop((self._claim_key, name), None)
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+    def _make_dir(self) -> None:
+        if not self._dir_ready:
+            os.makedirs(self.path, exist_ok=True)
+            _fsync_directory(os.path.dirname(self.path))  # the new directory's entry
+            self._dir_ready = True
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -456,10 +505,7 @@ class FileSubscriptionStore(SubscriptionStore):
     # -- worker-thread halves --
 
     def _write(self, name: str, data: bytes) -> None:
-        if not self._dir_ready:
-            os.makedirs(self.path, exist_ok=True)
-            _fsync_directory(os.path.dirname(self.path))  # the new directory's entry
-            self._dir_ready = True
+        self._make_dir()
         tmp = os.path.join(self.path, f".{name}.{secrets.token_hex(8)}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
