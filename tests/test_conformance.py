@@ -15,9 +15,10 @@ import pytest
 import scanners
 import walsvc
 from walsvc import DeliverPolicy, Filter, ImmutableMessage, MessageId
+from walsvc._subscriptions import SubscriptionStore
 from walsvc.backends import Backend, BackendScanner
 from walsvc.backends._memory import MemoryBackend, MemoryMessageId
-from walsvc.testing import check_backend, memory_wal
+from walsvc.testing import check_backend, check_truncation, memory_wal
 
 Opener = Callable[..., Awaitable[walsvc.WAL]]
 
@@ -31,6 +32,8 @@ def opener(url: str, **options: Any) -> Opener:
 
 async def test_memory_backend() -> None:
     await check_backend(opener(f"memory://{uuid.uuid4().hex}"))
+
+
 
 
 @pytest.mark.parametrize(
@@ -180,6 +183,9 @@ class _BrokenBackend(Backend):
     async def aclose(self) -> None:
         await self._inner.aclose()
 
+    def subscriptions(self) -> SubscriptionStore:
+        return self._inner.subscriptions()
+
 
 def _register_broken_backend() -> None:
     module = types.ModuleType(_MODULE)
@@ -217,6 +223,14 @@ async def test_check_backend_fails_a_broken_backend(fault: str, complaint: str) 
         await check_backend(
             opener(f"{_SCHEME}://{fault}/{uuid.uuid4().hex}"), message_count=40, pchannels=2
         )
+
+
+async def test_the_truncation_step_runs_alone_and_can_be_left_out() -> None:
+    broken = opener(f"{_SCHEME}://truncate-is-noop/{uuid.uuid4().hex}")
+    with pytest.raises(AssertionError, match="at or before the truncation point"):
+        await check_truncation(broken)
+    await check_truncation(opener(f"memory://{uuid.uuid4().hex}"))
+    await check_backend(broken, message_count=40, pchannels=1, truncation=False)
 
 
 async def test_check_backend_fails_a_hang() -> None:

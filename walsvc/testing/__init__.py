@@ -2,11 +2,12 @@
 
 - ``check_backend(open_wal_for)``: the conformance battery every backend must pass (the
   Milvus walimpls test framework, adapted); run it from your own test suite against a
-  backend of your own.
+  backend of your own. ``check_truncation(open_wal_for)``: its truncation step alone
+  (for stores that cannot truncate, run with ``check_backend(..., truncation=False)``).
 - ``memory_wal()``: a private in-memory WAL for unit tests of code that uses walsvc.
 """
 
-from ._conformance import check_backend
+from ._conformance import check_backend, check_truncation
 from ._memory import memory_wal
 
-__all__ = ("check_backend", "memory_wal")
+__all__ = ("check_backend", "check_truncation", "memory_wal")
