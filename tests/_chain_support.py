@@ -8,7 +8,7 @@ import interceptors
 import walsvc
 from walsvc import HybridClock, ImmutableMessage, Message
 
-__all__ = ("FakeClock", "data", "log_of", "member", "open_manual")
+__all__ = ("FakeClock", "data", "log_of", "member", "open_manual", "whole_log")
 
 
 class FakeClock:
@@ -34,10 +34,19 @@ def member(wal: walsvc.WAL, kind: type[Any]) -> Any:
     return found
 
 
+async def whole_log(url: str, pchannel: str) -> list[ImmutableMessage]:
+    """The raw log of ``pchannel`` up to its newest message, through a read-only open (no
+    tail cache, no interceptors)."""
+    async with await walsvc.open_wal(url, pchannel, read_only=True) as wal:
+        return await log_of(wal)
+
+
 async def log_of(wal: walsvc.WAL) -> list[ImmutableMessage]:
     """Everything in the log as stored, up to the newest message."""
     latest = await wal.latest_message_id()
     out: list[ImmutableMessage] = []
+    if latest is None:
+        return out
     async with wal.read(raw=True) as scanner:
         async for message in scanner:
             if message.persisted:

@@ -20,6 +20,7 @@ from typing import Any
 
 import _faulty
 import pytest
+from _chain_support import whole_log
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -69,20 +70,6 @@ async def _open(url: str, clock: _Clock) -> walsvc.WAL:
     )
     await wal.wait_ready()
     return wal
-
-
-async def _whole_log(url: str) -> list[ImmutableMessage]:
-    async with await walsvc.open_wal(url, "p", read_only=True) as wal:
-        latest = await wal.latest_message_id()
-        out: list[ImmutableMessage] = []
-        if latest is None:
-            return out
-        async with wal.read(raw=True) as scanner:
-            async for message in scanner:
-                out.append(message)
-                if message.message_id == latest:
-                    return out
-    return out
 
 
 async def _run(url: str, program: list[tuple[str, Any]], sizes: list[int]) -> None:
@@ -195,7 +182,7 @@ async def test_ticks_and_resume_points_hold_on_memory(
 ) -> None:
     url = f"memory://{uuid.uuid4().hex}"
     await _run(url, program, sizes)
-    log = await _whole_log(url)
+    log = await whole_log(url, "p")
     _check_log(log)
     await _check_resume(url, log, picks)
 
@@ -210,7 +197,7 @@ async def test_ticks_and_resume_points_hold_on_file(
 ) -> None:
     url = f"file://{tmp_path / uuid.uuid4().hex}"
     await _run(url, program, sizes)
-    _check_log(await _whole_log(url))
+    _check_log(await whole_log(url, "p"))
 
 
 @_settings
@@ -249,7 +236,7 @@ async def test_retried_keys_land_exactly_once(attempts: list[tuple[int, str, boo
             acked[key] = result
     finally:
         await wal.aclose()
-    log = await _whole_log(url)
+    log = await whole_log(url, "p")
     keys = [m.idempotency_key for m in log if m.idempotency_key is not None]
     assert len(keys) == len(set(keys)), keys
     assert set(acked) <= set(keys)

@@ -58,6 +58,7 @@ import _faulty
 import msgspec
 import pytest
 import uvloop
+from _chain_support import whole_log
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -239,21 +240,6 @@ def _key(m: ImmutableMessage) -> tuple[Any, ...]:
 
 def _keys(messages: Sequence[ImmutableMessage]) -> list[tuple[Any, ...]]:
     return [_key(m) for m in messages if m.persisted]
-
-
-async def _whole_log(url: str) -> list[ImmutableMessage]:
-    """The raw log up to its newest message, through a read-only open (no tail cache)."""
-    async with await walsvc.open_wal(url, "p", read_only=True) as wal:
-        latest = await wal.latest_message_id()
-        out: list[ImmutableMessage] = []
-        if latest is None:
-            return out
-        async with wal.read(raw=True) as scanner:
-            async for message in scanner:
-                out.append(message)
-                if message.message_id == latest:
-                    return out
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -495,7 +481,7 @@ class _Run:
         assert self.wal is not None
         cache = self.wal.cache_stats()
         self.tally["cache resets"] += 0 if cache is None else cache.resets
-        log = await _whole_log(self.url)
+        log = await whole_log(self.url, "p")
         _log_order_checks(log)
         models = {v: _model(log, v) for v in _READ}
         for reader in self.readers:
@@ -574,7 +560,7 @@ class _Run:
         (on the writer, and read-only) and deliver the model's suffix."""
         wal = self.wal = await self._open(0)
         try:
-            log = await _whole_log(self.url)
+            log = await whole_log(self.url, "p")
             models = {v: _model(log, v) for v in _READ}
             for v in _READ:
                 scanner = wal.read(DeliverPolicy.all(), _filters(v), subscription=f"s-{v}")
@@ -829,7 +815,7 @@ async def test_an_acked_idle_tick_does_not_make_the_subscription_skip_the_next_w
     idle, wal = await _idle_tick_then_restart(url, _Clock(), "s")
     async with wal:
         assert (await wal.latest_message_id()) is not None
-        opening = (await _whole_log(url))[-1]
+        opening = (await whole_log(url, "p"))[-1]
         assert opening.type is MessageType.TIME_TICK
         assert opening.timetick <= idle.timetick  # the new writer reused the idle tick
         appended = await wal.append(Message(payload=b"b", vchannel="v1"))
@@ -846,7 +832,7 @@ async def test_resuming_from_an_idle_ticks_checkpoint_after_a_restart_skips_noth
     url = f"memory://{uuid.uuid4().hex}"
     idle, wal = await _idle_tick_then_restart(url, _Clock(), None)
     async with wal:
-        opening = (await _whole_log(url))[-1]
+        opening = (await whole_log(url, "p"))[-1]
         await wal.append(Message(payload=b"b", vchannel="v1"))
         async with wal.read(DeliverPolicy.from_checkpoint(idle.checkpoint)) as scanner:
             first = await _next(scanner)
