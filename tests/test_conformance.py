@@ -34,8 +34,6 @@ async def test_memory_backend() -> None:
     await check_backend(opener(f"memory://{uuid.uuid4().hex}"))
 
 
-
-
 @pytest.mark.parametrize(
     "options",
     [
