@@ -15,6 +15,7 @@ from ._chain import (
     ReadyInterceptor,
 )
 from ._codec import EnvelopeHeader, peek
+from ._config import WalConfig, load_config, open_wal_from_config
 from ._deliver import Checkpoint, DeliverPolicy
 from ._errors import (
     AppendOutcomeUnknown,
@@ -112,9 +113,12 @@ __all__ = (
     "WALFenced",
     "WALReadOnly",
     "WALTruncated",
+    "WalConfig",
     "known_schemes",
+    "load_config",
     "open_node",
     "open_wal",
+    "open_wal_from_config",
     "peek",
     "producer_key",
     "register_backend",
