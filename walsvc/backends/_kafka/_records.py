@@ -1,0 +1,128 @@
+"""How walsvc lays records out in Kafka, and how a reader classifies them.
+
+A data record: value = the envelope's payload; header ``walsvc.h`` = the envelope up to
+the payload (fixed header, vchannel, ext); header ``walsvc.o`` = the offset the writer
+expected the record to land at (8 bytes, big-endian). A record is *valid* iff it landed
+where its writer expected: the offset chain (see ``_writer``). Other record kinds:
+
+- barrier (``walsvc.barrier``): a read-write open; its offset + 1 is the writer's term.
+- filler (``walsvc.skip``): occupies the offset of a batch whose outcome was unknown, so
+  that batch can never become valid later.
+- mark (``walsvc.mark`` + ``walsvc.o``): the writer's newest id and timetick, appended
+  before a truncation so they survive it.
+
+Readers deliver valid data records only.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from enum import Enum
+from typing import Final, NamedTuple
+
+from ..._codec import HEADER_SIZE, decode_run
+from ..._errors import CorruptRecord
+from ..._filter import Filter
+from ..._message import ImmutableMessage
+from ._ids import KafkaMessageId
+
+__all__ = (
+    "BARRIER",
+    "EXPECTED",
+    "FILLER",
+    "Kind",
+    "Mark",
+    "classify",
+    "data_headers",
+    "decode_data",
+    "mark_record",
+    "split_envelope",
+)
+
+EXPECTED: Final = "walsvc.o"
+ENVELOPE_HEADER: Final = "walsvc.h"
+BARRIER: Final = "walsvc.barrier"
+FILLER: Final = "walsvc.skip"
+MARK: Final = "walsvc.mark"
+_OFFSET = struct.Struct(">q")
+_MARK = struct.Struct(">qQ")
+_LENGTHS = struct.Struct("<H18xI")  # vchannel length at 12, ext length at 32
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class Kind(Enum):
+    """What a record is to a reader."""
+
+    DATA = "data"  # a valid envelope
+    MARK = "mark"  # a valid mark
+    BARRIER = "barrier"
+    INVALID = "invalid"  # landed elsewhere than expected, or a filler
+
+
+class Mark(NamedTuple):
+    """The newest message id and timetick a writer had when it wrote a mark."""
+
+    latest: int
+    timetick: int
+
+
+def split_envelope(envelope: bytes) -> tuple[bytes, bytes]:
+    """(header section, payload) of an encoded envelope."""
+    if len(envelope) < HEADER_SIZE:
+        raise CorruptRecord("envelope shorter than its fixed header")
+    vc_len, ext_len = _LENGTHS.unpack_from(envelope, 12)
+    start = HEADER_SIZE + vc_len + ext_len
+    return envelope[:start], envelope[start:]
+
+
+def data_headers(header_section: bytes, expected: int) -> list[tuple[str, bytes]]:
+    """The Kafka headers of a data record expected at offset ``expected``."""
+    return [(EXPECTED, _OFFSET.pack(expected)), (ENVELOPE_HEADER, header_section)]
+
+
+def mark_record(mark: Mark, expected: int) -> list[tuple[str, bytes]]:
+    """The Kafka headers of a mark record expected at offset ``expected``."""
+    return [(EXPECTED, _OFFSET.pack(expected)), (MARK, _MARK.pack(*mark))]
+
+
+def classify(offset: int, headers: Headers) -> tuple[Kind, bytes | None]:
+    """The kind of the record at ``offset`` and, for data and marks, the header value
+    that carries it (``walsvc.h`` or ``walsvc.mark``). Raises ``CorruptRecord`` for a
+    record walsvc did not write."""
+    expected = payload = None
+    kind = Kind.DATA
+    for key, value in headers:
+        if key == EXPECTED:
+            expected = value
+        elif key == ENVELOPE_HEADER:
+            payload = value
+        elif key == BARRIER:
+            return Kind.BARRIER, None
+        elif key == FILLER:
+            return Kind.INVALID, None
+        elif key == MARK:
+            kind, payload = Kind.MARK, value
+    if expected is None or len(expected) != 8 or payload is None:
+        raise CorruptRecord(f"Kafka record at offset {offset} is not a walsvc record")
+    if _OFFSET.unpack(expected)[0] != offset:
+        return Kind.INVALID, None
+    return kind, payload
+
+
+def decode_mark(offset: int, value: bytes) -> Mark:
+    """The mark stored in ``value``; ``CorruptRecord`` if it is not one."""
+    if len(value) != _MARK.size:
+        raise CorruptRecord(f"Kafka record at offset {offset}: bad walsvc mark")
+    return Mark(*_MARK.unpack(value))
+
+
+def decode_data(
+    offset: int, header_section: bytes, payload: bytes | None, selected: Filter
+) -> list[ImmutableMessage]:
+    """The message of a valid data record if ``selected`` admits it (else empty): the
+    same ``ImmutableMessage`` the file backend returns for that envelope. Raises
+    ``CorruptRecord`` if the bytes do not decode."""
+    envelope = header_section + (payload or b"")
+    return decode_run(envelope, offset, KafkaMessageId, selected)
