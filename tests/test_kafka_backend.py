@@ -410,7 +410,7 @@ async def _take_inserts(scanner: walsvc.Scanner, count: int) -> AsyncIterator[An
 
 METADATA_DEVIATION = (
     "Tansu 0.6 accepts OffsetCommit metadata but drops it: OffsetFetch returns"
-    " metadata='' (the checkpoint therefore lives in the compacted topic <prefix>sub.<P>)"
+    " metadata='' (the checkpoint therefore lives in the compacted topic <prefix>_sub.<P>)"
 )
 
 
@@ -449,11 +449,11 @@ async def test_subscription_store_round_trip(tansu_url: str) -> None:
 
 async def test_subscriptions_are_consumer_groups_with_lag(tansu_url: str) -> None:
     """Each subscription commits its last-confirmed offset for the group
-    <prefix>sub.<P>.<name> (what kafka-consumer-groups reports lag from); a delete
+    <prefix>_sub.<P>.<name> (what kafka-consumer-groups reports lag from); a delete
     removes the group."""
     pchannel = fresh()
     topic = f"walsvc.{pchannel}"
-    group = f"walsvc.sub.{pchannel}.s"
+    group = f"walsvc._sub.{pchannel}.s"
     async with await walsvc.open_wal(tansu_url, pchannel, interceptors=[]) as wal:
         store = wal._backend.subscriptions()
         await store.save("s", checkpoint(4, 10))
@@ -461,7 +461,7 @@ async def test_subscriptions_are_consumer_groups_with_lag(tansu_url: str) -> Non
         admin = await _admin(tansu_url)
         try:
             groups = {g for g, *_ in await admin.list_consumer_groups()}
-            assert {group, f"walsvc.sub.{pchannel}.t"} <= groups
+            assert {group, f"walsvc._sub.{pchannel}.t"} <= groups
             offsets = await admin.list_consumer_group_offsets(
                 group, partitions=[TopicPartition(topic, 0)]
             )
@@ -469,7 +469,7 @@ async def test_subscriptions_are_consumer_groups_with_lag(tansu_url: str) -> Non
             await store.delete("s")
             groups = {g for g, *_ in await admin.list_consumer_groups()}
             assert group not in groups
-            assert f"walsvc.sub.{pchannel}.t" in groups
+            assert f"walsvc._sub.{pchannel}.t" in groups
         finally:
             await admin.close()
 
@@ -483,7 +483,7 @@ async def test_group_commit_keeps_the_checkpoint_as_metadata(tansu_url: str) -> 
     admin = await _admin(tansu_url)
     try:
         offsets = await admin.list_consumer_group_offsets(
-            f"walsvc.sub.{pchannel}.s", partitions=[TopicPartition(topic, 0)]
+            f"walsvc._sub.{pchannel}.s", partitions=[TopicPartition(topic, 0)]
         )
     finally:
         await admin.close()
@@ -511,7 +511,7 @@ async def _raw_subscription_record(url: str, pchannel: str, key: bytes, value: b
     producer = AIOKafkaProducer(bootstrap_servers=servers(url), acks="all")
     await producer.start()
     try:
-        await producer.send_and_wait(f"walsvc.sub.{pchannel}", value, key=key, partition=0)
+        await producer.send_and_wait(f"walsvc._sub.{pchannel}", value, key=key, partition=0)
     finally:
         await producer.stop()
 
@@ -522,7 +522,7 @@ async def _first_subscription_value(url: str, pchannel: str) -> bytes:
     consumer = AIOKafkaConsumer(bootstrap_servers=servers(url))
     await consumer.start()
     try:
-        tp = TopicPartition(f"walsvc.sub.{pchannel}", 0)
+        tp = TopicPartition(f"walsvc._sub.{pchannel}", 0)
         consumer.assign([tp])
         consumer.seek(tp, 0)
         async with asyncio.timeout(HANG):

@@ -12,8 +12,8 @@ Options (keywords of ``walsvc.open_wal``):
 Message ids are offsets (``KafkaMessageId``). Fencing is an offset chain (``_writer``):
 a read-write open appends a barrier at offset B and takes term B + 1.
 
-Durable subscriptions live in the topic ``<topic_prefix>sub.<P>``, mirrored as consumer
-groups ``<topic_prefix>sub.<P>.<name>`` (``_subscriptions``).
+Durable subscriptions live in the topic ``<topic_prefix>_sub.<P>``, mirrored as consumer
+groups ``<topic_prefix>_sub.<P>.<name>`` (``_subscriptions``).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class KafkaBackend(Backend):
         return scanner
 
     def subscriptions(self) -> KafkaSubscriptionStore:
-        """The compacted topic ``<topic_prefix>sub.<P>`` (see ``_subscriptions``); usable
+        """The compacted topic ``<topic_prefix>_sub.<P>`` (see ``_subscriptions``); usable
         on a read-only WAL too. Closed with the backend."""
         if self._subscriptions is None:
             self._subscriptions = KafkaSubscriptionStore(

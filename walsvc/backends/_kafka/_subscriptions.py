@@ -2,13 +2,13 @@
 Kafka consumer-group offsets.
 
 Where a checkpoint lives. The checkpoints of pchannel P are records of the one-partition
-topic ``<topic_prefix>sub.<P>`` (``cleanup.policy=compact``): key = the subscription
+topic ``<topic_prefix>_sub.<P>`` (``cleanup.policy=compact``): key = the subscription
 name (ASCII), value = the checkpoint encoded as a ``file://`` checkpoint file is (magic,
 CRC32C, version, ``Checkpoint.marshal()`` text), a tombstone (null value) for a deleted
 one. The newest record of a key wins; ``load`` and ``names`` read the topic to its end.
 This topic is the only authority.
 
-The mirror. Every save also commits, for the consumer group ``<topic_prefix>sub.<P>.<name>``,
+The mirror. Every save also commits, for the consumer group ``<topic_prefix>_sub.<P>.<name>``,
 the checkpoint's last-confirmed offset (0 when it has none) on partition 0 of the WAL's
 topic, with the base64 of the encoded checkpoint as the commit metadata; a delete
 removes the group (DeleteGroups). So ``kafka-consumer-groups --describe`` shows each
@@ -26,8 +26,8 @@ the tombstone, then deletes the group. A failure in between raises
 delete happened; the mirror catches up on the next save or delete). Every broker call is
 bounded by ``request_timeout`` (client starts by ``connect_timeout``).
 
-Names. A pchannel named ``sub.X`` would share its topic with the subscriptions of
-pchannel ``X``; a store finding records it cannot decode there raises ``CorruptRecord``.
+Names. A pchannel name starts with a letter or a digit, so the ``_sub.`` topics and
+groups never collide with a pchannel's topic.
 
 Claims stay in the process (``SubscriptionStore.claim``): Kafka offers no lock that is
 dropped when its holder dies without joining the group, which this store never does.
@@ -69,12 +69,12 @@ _RETRY_PAUSE: Final = 0.05
 
 def subscriptions_topic(options: KafkaOptions, pchannel: str) -> str:
     """The compacted topic holding the checkpoints of ``pchannel``."""
-    return f"{options.topic_prefix}sub.{pchannel}"
+    return f"{options.topic_prefix}_sub.{pchannel}"
 
 
 def group_of(options: KafkaOptions, pchannel: str, name: str) -> str:
     """The consumer group mirroring subscription ``name`` of ``pchannel``."""
-    return f"{options.topic_prefix}sub.{pchannel}.{name}"
+    return f"{options.topic_prefix}_sub.{pchannel}.{name}"
 
 
 @final
