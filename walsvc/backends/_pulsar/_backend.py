@@ -1,0 +1,226 @@
+"""``pulsar://HOST:PORT``: one Pulsar topic per pchannel.
+
+Topic ``{topic_prefix}{pchannel}`` (default prefix ``persistent://public/default/walsvc.``).
+Each walsvc record is one Pulsar message (payload as data, the rest of the envelope and
+the chain properties as message properties, see ``_records``); its id is the Pulsar
+MessageId (``PulsarMessageId``).
+
+Fencing: a read-write open creates an ``ExclusiveWithFencing`` producer (Apache Pulsar
+then fences the previous writer's producer itself) and appends a *barrier*; the
+barrier's position is the writer's term. Pulsar Lite accepts but does not enforce
+exclusive producers, so fencing rests on the chain rule that every reader applies: a
+writer's group is valid only if it directly follows the writer's own previous message;
+a writer that finds a newer barrier in between raises ``WALFenced`` forever.
+
+Truncation is not supported (pulsar-client has no admin API, and Pulsar Lite serves none):
+``truncate`` raises ``InvalidArgument`` without changing the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, final
+
+import pulsar.asyncio as pulsar_asyncio
+from pulsar import _pulsar
+
+from ..._deliver import DeliverPolicy
+from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
+from ..._filter import Filter
+from ..._ids import MessageId
+from .._base import Backend, BackendScanner
+from ._client import PULSAR_ERRORS, Options, call_async, connect, parse_options, translate
+from ._ids import PulsarMessageId
+from ._log import TailTracker, close_quietly
+from ._records import BARRIER, term_of_barrier
+from ._scanner import PulsarScanner
+from ._writer import GroupWriter
+
+__all__ = ("PulsarBackend",)
+
+
+@final
+class PulsarBackend(Backend):
+    """One pchannel (topic) of a Pulsar cluster, opened read-only or read-write."""
+
+    scheme = "pulsar"
+    message_id_class = PulsarMessageId
+
+    def __init__(
+        self,
+        client: pulsar_asyncio.Client,
+        topic: str,
+        pchannel: str,
+        options: Options,
+        writer: GroupWriter | None,
+        producer: pulsar_asyncio.Producer | None,
+    ) -> None:
+        self.client = client
+        self.topic = topic
+        self.pchannel = pchannel
+        self.options = options
+        self.read_only = writer is None
+        self.term = 0 if writer is None else term_of_barrier(writer.barrier)
+        self._writer = writer
+        self._producer = producer
+        self._tracker = TailTracker(client, topic, options.operation_timeout)
+        self._scanners: set[PulsarScanner] = set()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+    ) -> PulsarBackend:
+        parsed = parse_options(options)
+        topic = f"{parsed.topic_prefix}{pchannel}"
+        client = connect(location, parsed)
+        producer: pulsar_asyncio.Producer | None = None
+        try:
+            if read_only:
+                backend = cls(client, topic, pchannel, parsed, None, None)
+                # Reach the broker now: an unreachable one fails the open, within the timeout.
+                await _within(parsed.connect_timeout, _look_up(client, topic), location)
+                return backend
+            producer = await _within(
+                parsed.connect_timeout, _create_producer(client, topic, parsed), location
+            )
+            barrier = await _within(parsed.operation_timeout, _send_barrier(producer), location)
+            writer = GroupWriter(
+                client,
+                producer,
+                topic,
+                term_of_barrier(barrier),
+                barrier,
+                parsed.operation_timeout,
+            )
+            return cls(client, topic, pchannel, parsed, writer, producer)
+        except BaseException:
+            if producer is not None:
+                await close_quietly(producer, 1.0)
+            await _close_client(client)
+            raise
+
+    def append(self, records: Sequence[bytes]) -> asyncio.Future[list[PulsarMessageId]]:
+        if self._writer is None:
+            raise WALReadOnly(f"pulsar WAL of {self.topic} was opened read-only")
+        return self._writer.submit(records)
+
+    def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
+        if self._closed:
+            raise WALClosed(f"pulsar WAL of {self.topic} is closed")
+        scanner = PulsarScanner(self, deliver, selected)
+        self._scanners.add(scanner)
+        return scanner
+
+    def known_end(self) -> PulsarMessageId | None:
+        """The last message this process knows is in the log (a writer's newest
+        message or barrier), or None (read-only: ask the broker)."""
+        if self._writer is None:
+            return None
+        return self._writer.end
+
+    def forget_scanner(self, scanner: PulsarScanner) -> None:
+        """Called by a closing scanner."""
+        self._scanners.discard(scanner)
+
+    async def latest_message_id(self) -> MessageId | None:
+        self._check_open()
+        await self._tracker.refresh()
+        return self._tracker.tip
+
+    async def last_timetick(self) -> int:
+        self._check_open()
+        await self._tracker.refresh()
+        return self._tracker.max_tick
+
+    async def truncate(self, message_id: MessageId) -> None:
+        """Not supported: raises ``InvalidArgument`` (``WALReadOnly`` on a read-only
+        WAL) and leaves the log as it is. Pulsar drops data by retention policies set
+        through its admin API, which pulsar-client does not offer (and Pulsar Lite does
+        not serve)."""
+        if self._writer is None:
+            raise WALReadOnly(f"pulsar WAL of {self.topic} was opened read-only")
+        self._check_open()
+        await self._tracker.refresh()
+        self._writer.check_not_fenced(self._tracker.newest_barrier)
+        raise InvalidArgument(
+            "pulsar:// WALs cannot truncate: Pulsar drops data by retention policy, set"
+            " through the admin API, which pulsar-client does not offer"
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WALClosed(f"pulsar WAL of {self.topic} is closed")
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for scanner in list(self._scanners):
+            await scanner.aclose()
+        if self._writer is not None:
+            await self._writer.aclose()
+        await self._tracker.aclose()
+        if self._producer is not None:
+            await close_quietly(self._producer, self.options.operation_timeout)
+        await _close_client(self.client)
+
+
+async def _within(seconds: float, awaitable: Any, location: str) -> Any:
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise BackendUnavailable(
+            f"Pulsar broker at {location} did not answer within {seconds} s"
+        ) from None
+
+
+async def _look_up(client: pulsar_asyncio.Client, topic: str) -> None:
+    try:
+        await client.get_topic_partitions(topic)
+    except PULSAR_ERRORS as exc:
+        raise translate(exc, f"cannot look up {topic}") from exc
+
+
+async def _create_producer(
+    client: pulsar_asyncio.Client, topic: str, options: Options
+) -> pulsar_asyncio.Producer:
+    try:
+        return await client.create_producer(
+            topic,
+            send_timeout_millis=max(1, int(options.operation_timeout * 1000)),
+            batching_enabled=True,
+            batching_max_messages=options.batching_max_messages,
+            batching_max_publish_delay_ms=options.batching_max_publish_delay_ms,
+            max_pending_messages=100_000,
+            block_if_queue_full=False,
+            access_mode=pulsar_asyncio.ProducerAccessMode.ExclusiveWithFencing,
+        )
+    except PULSAR_ERRORS as exc:
+        raise translate(exc, f"cannot create a producer for {topic}") from exc
+
+
+async def _send_barrier(producer: pulsar_asyncio.Producer) -> PulsarMessageId:
+    builder = _pulsar.MessageBuilder()
+    builder.content(b"")
+    builder.property(BARRIER, "1")
+    inner = producer._producer
+    try:
+        future = call_async(lambda done: inner.send_async(builder.build(), done))
+        inner.flush_async(lambda result: None)
+        return PulsarMessageId.of(await future)
+    except PULSAR_ERRORS as exc:
+        raise translate(exc, "cannot append the writer's barrier") from exc
+
+
+async def _close_client(client: pulsar_asyncio.Client) -> None:
+    try:
+        async with asyncio.timeout(5.0):
+            await client.close()
+    except (TimeoutError, *PULSAR_ERRORS):
+        try:
+            client.shutdown()
+        except PULSAR_ERRORS:
+            pass

@@ -1,0 +1,242 @@
+"""The pulsar-client boundary: options, the client, and exception translation.
+
+pulsar-client runs its own C++ threads; every result comes back to the event loop through
+``loop.call_soon_threadsafe`` (here and in ``pulsar.asyncio``). Nothing above this
+package sees a pulsar exception: ``translate`` turns them into walsvc errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NamedTuple, NoReturn, final
+
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+from pulsar import _pulsar
+
+from ..._errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    MessageTooLarge,
+    WALClosed,
+    WALError,
+    WALFenced,
+)
+from ._ids import PulsarMessageId
+
+__all__ = (
+    "PULSAR_ERRORS",
+    "Options",
+    "call_async",
+    "connect",
+    "parse_options",
+    "pulsar_id",
+    "translate",
+)
+
+#: Every exception pulsar-client raises (its C++ errors and the asyncio wrapper's).
+PULSAR_ERRORS: Final = (_pulsar.PulsarException, pulsar_asyncio.PulsarException)
+
+#: pulsar-client's C++ log goes here (not to stdout): configure it with ``logging``.
+_LOGGER: Final = logging.getLogger("walsvc.pulsar")
+
+_DEFAULT_PREFIX: Final = "persistent://public/default/walsvc."
+_KNOWN: Final = frozenset(
+    {
+        "topic_prefix",
+        "connect_timeout",
+        "operation_timeout",
+        "batching_max_messages",
+        "batching_max_publish_delay_ms",
+    }
+)
+
+
+@final
+class Options(NamedTuple):
+    """The ``pulsar://`` backend's keyword options of ``walsvc.open_wal``."""
+
+    topic_prefix: str = _DEFAULT_PREFIX
+    connect_timeout: float = 10.0
+    operation_timeout: float = 30.0
+    batching_max_messages: int = 1000
+    batching_max_publish_delay_ms: int = 10
+
+
+def parse_options(options: Mapping[str, Any]) -> Options:
+    """Validate the keyword options: unknown ones raise ``TypeError``, bad values
+    ``InvalidArgument``."""
+    unknown = set(options) - _KNOWN
+    if unknown:
+        raise TypeError(f"unknown option(s) for pulsar:// WALs: {', '.join(sorted(unknown))}")
+    parsed = Options()._replace(**options)
+    if not isinstance(parsed.topic_prefix, str) or "://" not in parsed.topic_prefix:
+        raise InvalidArgument(
+            f"topic_prefix must be a str like 'persistent://tenant/namespace/prefix.', not"
+            f" {parsed.topic_prefix!r}"
+        )
+    for name in ("connect_timeout", "operation_timeout"):
+        value = getattr(parsed, name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise InvalidArgument(f"{name} must be a positive number of seconds, not {value!r}")
+    for name, low in (("batching_max_messages", 1), ("batching_max_publish_delay_ms", 0)):
+        value = getattr(parsed, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidArgument(f"{name} must be an int >= {low}, not {value!r}")
+    return parsed._replace(
+        connect_timeout=float(parsed.connect_timeout),
+        operation_timeout=float(parsed.operation_timeout),
+    )
+
+
+def service_url(location: str) -> str:
+    """``pulsar://host:port`` from the URL's location; ``InvalidArgument`` if malformed."""
+    host, sep, port = location.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit() or "/" in location:
+        raise InvalidArgument(f"pulsar:// URL needs host:port, not {location!r}")
+    return f"pulsar://{location}"
+
+
+def connect(location: str, options: Options) -> pulsar_asyncio.Client:
+    """A client for ``location`` (connects lazily, on the first producer or reader)."""
+    url = service_url(location)
+    try:
+        return pulsar_asyncio.Client(
+            url,
+            operation_timeout_seconds=max(1, math.ceil(options.operation_timeout)),
+            connection_timeout_ms=max(1, int(options.connect_timeout * 1000)),
+            logger=_LOGGER,
+        )
+    except PULSAR_ERRORS as exc:
+        raise translate(exc, f"cannot create a Pulsar client for {url}") from exc
+
+
+def pulsar_id(message_id: PulsarMessageId) -> pulsar.MessageId:
+    """The client library's id for ``message_id``."""
+    return pulsar.MessageId(
+        message_id.partition, message_id.ledger, message_id.entry, message_id.batch
+    )
+
+
+def _result_of(exc: BaseException) -> Any:
+    if isinstance(exc, pulsar_asyncio.PulsarException):
+        return exc.error()
+    name = type(exc).__name__
+    return getattr(pulsar.Result, name, pulsar.Result.UnknownError)
+
+
+_UNAVAILABLE: Final = frozenset(
+    {
+        "Timeout",
+        "LookupError",
+        "ConnectError",
+        "ReadError",
+        "NotConnected",
+        "ServiceUnitNotReady",
+        "TooManyLookupRequestException",
+        "ProducerQueueIsFull",
+        "MemoryBufferIsFull",
+        "BrokerMetadataError",
+        "BrokerPersistenceError",
+        "ProducerBlockedQuotaExceededError",
+        "ProducerBlockedQuotaExceededException",
+        "TopicNotFound",
+        "UnknownError",
+        "ProducerNotInitialized",
+        "ConsumerNotInitialized",
+        "Interrupted",
+    }
+)
+
+
+def translate(exc: BaseException, what: str) -> WALError:
+    """The walsvc error for a pulsar-client exception raised while doing ``what``."""
+    result = _result_of(exc)
+    name = getattr(result, "name", str(result))
+    text = f"{what}: {exc}"
+    if name == "ProducerFenced" or name == "ProducerBusy":
+        return WALFenced(text)
+    if name == "AlreadyClosed":
+        return WALClosed(text)
+    if name == "MessageTooBig":
+        return MessageTooLarge(text)
+    if name in _UNAVAILABLE:
+        return BackendUnavailable(text)
+    return BackendUnavailable(f"{text} (unexpected Pulsar result {name})")
+
+
+def raise_translated(exc: BaseException, what: str) -> NoReturn:
+    """Raise ``translate(exc, what)`` from ``exc``."""
+    raise translate(exc, what) from exc
+
+
+def call_async(
+    start: Callable[[Callable[..., None]], None],
+) -> asyncio.Future[Any]:
+    """Run a callback-style ``*_async`` call of the C++ client; the future resolves on
+    the event loop (never on a client thread) with the callback's value, or with the
+    pulsar exception of a failed result. A result that arrives after the loop closed is
+    dropped."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, value: Any) -> None:
+        if future.done():
+            return
+        if result == _pulsar.Result.Ok:
+            future.set_result(value)
+        else:
+            future.set_exception(pulsar_asyncio.PulsarException(result))
+
+    def callback(result: Any, value: Any = None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, result, value)
+
+    start(callback)
+    return future
+
+
+class GroupAcks:
+    """Collects the send callbacks of one group on the client's threads and wakes the
+    event loop once, when the last one arrived."""
+
+    __slots__ = ("_future", "_left", "_lock", "_loop", "results")
+
+    def __init__(self, count: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._future: asyncio.Future[None] = self._loop.create_future()
+        self._lock = threading.Lock()
+        self._left = count
+        self.results: list[tuple[Any, Any]] = [(None, None)] * count
+
+    def callback(self, index: int) -> Callable[[Any, Any], None]:
+        """The send callback of the ``index``-th message."""
+
+        def done(result: Any, message_id: Any) -> None:
+            self.results[index] = (result, message_id)
+            with self._lock:
+                self._left -= 1
+                last = self._left == 0
+            if last:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._wake)
+
+        return done
+
+    def _wake(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        """Resolves once every message of the group has its result."""
+        return self._future

@@ -1,0 +1,200 @@
+"""Reading a pchannel's topic: readers at exact positions, and the tail tracker.
+
+``TailTracker`` answers ``latest_message_id`` and ``last_timetick`` by applying the chain
+rule to the log incrementally: each refresh reads only what was appended since the last
+one, up to the topic's last entry at the time of the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, Final, final
+
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+
+from ..._errors import BackendUnavailable, CorruptRecord, WALClosed
+from ._client import PULSAR_ERRORS, pulsar_id, translate
+from ._ids import PulsarMessageId
+from ._records import ChainValidator, Link, foreign, parse
+
+__all__ = ("TailTracker", "create_reader", "read_link")
+
+EARLIEST: Final = "earliest"
+LATEST: Final = "latest"
+
+
+async def create_reader(
+    client: pulsar_asyncio.Client,
+    topic: str,
+    start: PulsarMessageId | str,
+    *,
+    inclusive: bool,
+    receiver_queue_size: int = 1000,
+) -> pulsar_asyncio.Reader:
+    """A reader of ``topic`` from ``start`` (an id, ``EARLIEST`` or ``LATEST``)."""
+    if start == EARLIEST:
+        start_id: Any = pulsar.MessageId.earliest
+    elif start == LATEST:
+        start_id = pulsar.MessageId.latest
+    else:
+        assert isinstance(start, PulsarMessageId)
+        start_id = pulsar_id(start)
+    try:
+        return await client.create_reader(
+            topic,
+            start_id,
+            start_message_id_inclusive=inclusive,
+            receiver_queue_size=receiver_queue_size,
+        )
+    except PULSAR_ERRORS as exc:
+        raise translate(exc, f"cannot create a reader of {topic}") from exc
+
+
+#: Messages a reader delivered again (ids not above the previous one) and that were
+#: dropped; Pulsar Lite re-sends a whole batch entry to a reader whose receiver queue
+#: runs out of permits in the middle of it.
+redeliveries_dropped = 0
+
+
+async def read_link(reader: pulsar_asyncio.Reader, *, lenient: bool = False) -> Link:
+    """The next message of ``reader`` as a ``Link``, in strictly increasing id order
+    (re-deliveries are dropped); pulsar errors translated. A message that is not a walsvc
+    record raises ``CorruptRecord``, or with ``lenient`` comes back as a foreign link
+    (one that is never valid and breaks the chain of what follows it)."""
+    global redeliveries_dropped
+    last: PulsarMessageId | None = getattr(reader, "_walsvc_last", None)
+    while True:
+        try:
+            message = await reader.read_next()
+        except PULSAR_ERRORS as exc:
+            raise translate(exc, f"reading {reader.topic()} failed") from exc
+        message_id = PulsarMessageId.of(message.message_id())
+        if last is not None and message_id <= last:
+            redeliveries_dropped += 1
+            continue
+        reader._walsvc_last = message_id
+        if not lenient:
+            return parse(message, message_id)
+        try:
+            return parse(message, message_id)
+        except CorruptRecord:
+            return foreign(message_id)
+
+
+async def close_quietly(resource: Any, seconds: float) -> None:
+    """Close a reader, consumer or producer, ignoring errors; bounded by ``seconds``."""
+    try:
+        async with asyncio.timeout(seconds):
+            await resource.close()
+    except (TimeoutError, *PULSAR_ERRORS):
+        pass
+
+
+@final
+class TailTracker:
+    """The newest valid message id and the greatest timetick of a topic, kept up to date
+    by reading the log forward from where the previous refresh stopped."""
+
+    def __init__(self, client: pulsar_asyncio.Client, topic: str, timeout: float) -> None:
+        self._client = client
+        self._topic = topic
+        self._timeout = timeout
+        self._lock = asyncio.Lock()
+        self._validator = ChainValidator()
+        self._closed = False
+        #: The last message read (any kind); the next refresh starts after it.
+        self.scanned: PulsarMessageId | None = None
+        #: The newest valid data message (what ``latest_message_id`` returns).
+        self.tip: PulsarMessageId | None = None
+        #: The greatest timetick of any data message read (valid or not).
+        self.max_tick = 0
+        #: The newest barrier read (the newest writer's, as far as this tracker read).
+        self.newest_barrier: PulsarMessageId | None = None
+
+    async def refresh(self) -> None:
+        """Read the log from the last refresh up to its current end (within the
+        operation timeout; ``BackendUnavailable`` otherwise)."""
+        async with self._lock:
+            if self._closed:
+                raise WALClosed(f"the pulsar WAL of {self._topic} is closed")
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await self._refresh()
+            except TimeoutError:
+                raise BackendUnavailable(
+                    f"reading the tail of {self._topic} took longer than {self._timeout} s"
+                ) from None
+
+    async def _last_entry(self) -> tuple[int, int] | None:
+        """(ledger, entry) of the topic's last entry; None if the topic is empty.
+
+        The Python client offers ``get_last_message_id`` only on a consumer, which needs
+        a (durable) subscription: it lives only for this call, so a crash leaves at most
+        one stray ``walsvc-tail-*`` subscription behind. (Pulsar Lite does not serve a
+        reader at ``latest`` inclusive, the subscription-free way.)
+        """
+        try:
+            consumer = await self._client.subscribe(
+                self._topic,
+                f"walsvc-tail-{uuid.uuid4().hex}",
+                consumer_type=pulsar.ConsumerType.Exclusive,
+                receiver_queue_size=1,
+            )
+        except PULSAR_ERRORS as exc:
+            raise translate(exc, f"cannot look up the tail of {self._topic}") from exc
+        try:
+            last = await consumer.get_last_message_id()
+        except PULSAR_ERRORS:
+            return None  # Pulsar Lite answers UnknownError for a topic with no entry
+        finally:
+            try:
+                await consumer.unsubscribe()
+            except PULSAR_ERRORS:
+                pass
+            await close_quietly(consumer, self._timeout)
+        if last.entry_id() < 0 or last.ledger_id() < 0:
+            return None
+        return (last.ledger_id(), last.entry_id())
+
+    async def _refresh(self) -> None:
+        bound = await self._last_entry()
+        if bound is None:
+            return  # an empty topic (and has_message_available fails on one)
+        scanned = self.scanned
+        if scanned is None:
+            reader = await create_reader(self._client, self._topic, EARLIEST, inclusive=True)
+        else:
+            reader = await create_reader(self._client, self._topic, scanned, inclusive=False)
+        try:
+            while True:
+                at_bound = (
+                    self.scanned is not None and (self.scanned.ledger, self.scanned.entry) >= bound
+                )
+                if at_bound:
+                    try:
+                        more = await reader.has_message_available()
+                    except PULSAR_ERRORS as exc:
+                        raise translate(exc, f"reading {self._topic} failed") from exc
+                    if not more:
+                        return
+                self._note(await read_link(reader, lenient=True))
+        finally:
+            await close_quietly(reader, self._timeout)
+
+    def _note(self, link: Link) -> None:
+        if link.barrier:
+            self.newest_barrier = link.id
+        else:
+            tick = link.timetick
+            if tick > self.max_tick:
+                self.max_tick = tick
+        for valid in self._validator.push(link):
+            self.tip = valid.id
+        self.scanned = link.id
+
+    async def aclose(self) -> None:
+        """Refuse further refreshes. Idempotent."""
+        async with self._lock:
+            self._closed = True

@@ -1,0 +1,324 @@
+"""The ``pulsar://`` writer: group commit over one producer, with fencing by the chain.
+
+``submit`` queues records (the serialization point) and returns a future of their ids.
+One group is in flight at a time; everything queued meanwhile forms the next group.
+Every message of a group names, in ``walsvc.prev``, the message that must precede the
+group in the log: the writer's previous message (its last group's last message, or its
+barrier). After the acks the writer checks that the group landed right after that
+message, contiguously (cheap: consecutive batch indexes in one entry, consecutive entries
+in one ledger). When that fails it reads the log from its previous message:
+
+- a foreign barrier there (a newer writer: barriers' positions are their terms) ->
+  this group and everything after raise ``WALFenced``; the writer never sends again;
+- only foreign data (stragglers of older writers) -> the group is invalid for every
+  reader; it is sent again after the true end (at most ``_RESENDS`` times, then the
+  appends fail with the retriable ``BackendUnavailable``).
+
+A group whose sends failed is resolved by reading the log: found whole and valid ->
+acknowledged with the ids found; not found -> ``BackendUnavailable`` (invalid for
+readers, so nothing was written); the log unreadable -> ``AppendOutcomeUnknown``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final, final
+
+from pulsar import _pulsar
+
+from ..._errors import (
+    AppendOutcomeUnknown,
+    BackendUnavailable,
+    WALClosed,
+    WALError,
+    WALFenced,
+)
+from ._client import PULSAR_ERRORS, GroupAcks, translate
+from ._ids import PulsarMessageId
+from ._log import close_quietly, create_reader, read_link
+from ._records import ChainValidator, Link, data_properties, split_envelope
+
+if TYPE_CHECKING:
+    import pulsar.asyncio as pulsar_asyncio
+
+__all__ = ("GroupWriter",)
+
+_RESENDS: Final = 3
+_GROUP_RECORDS: Final = 8192
+
+
+class _Fenced(Exception):
+    """Internal: a newer writer's barrier lies between this writer's messages."""
+
+
+@final
+class GroupWriter:
+    """Appends groups of envelopes to one topic after this writer's barrier."""
+
+    def __init__(
+        self,
+        client: pulsar_asyncio.Client,
+        producer: pulsar_asyncio.Producer,
+        topic: str,
+        term: int,
+        barrier: PulsarMessageId,
+        timeout: float,
+    ) -> None:
+        self._client = client
+        self._producer = producer
+        self._topic = topic
+        self._term = term
+        self._timeout = timeout
+        self._seq = itertools.count()
+        self._queue: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._error: WALError | None = None
+        #: The message the next group must follow (None: unknown, read the tail first).
+        self.end: PulsarMessageId | None = barrier
+        self._good = barrier  # the last message this writer knows is in the log
+        self.barrier = barrier
+        self.closed = False
+        self.resolved_by_reading = 0
+        self.resent = 0
+
+    def submit(self, records: Sequence[bytes]) -> asyncio.Future[list[PulsarMessageId]]:
+        """Queue ``records`` for the next group; the future resolves to their ids."""
+        future: asyncio.Future[list[PulsarMessageId]] = asyncio.get_running_loop().create_future()
+        if self._error is not None:
+            future.set_exception(self._error)
+            return future
+        if self.closed:
+            future.set_exception(WALClosed(f"pulsar WAL of {self._topic} is closed"))
+            return future
+        self._queue.append((list(records), future))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+        return future
+
+    def check_not_fenced(self, newest_barrier: PulsarMessageId | None) -> None:
+        """Raise ``WALFenced`` if this writer was fenced, or if ``newest_barrier`` (the
+        newest barrier a reader of the log saw) is a newer writer's."""
+        if self._error is not None:
+            raise self._error
+        if newest_barrier is not None and newest_barrier > self.barrier:
+            self._error = self._fenced_error()
+            raise self._error
+
+    async def aclose(self) -> None:
+        """Finish what is queued, then stop. Idempotent."""
+        self.closed = True
+        task = self._task
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    # -- the group loop -------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                await self._commit(self._take_group())
+        finally:
+            self._task = None
+
+    def _take_group(
+        self,
+    ) -> list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]]:
+        """The queued calls of the next group: whole calls (one call's records are never
+        split), about ``_GROUP_RECORDS`` records at most."""
+        taken = 0
+        for count, (records, _) in enumerate(self._queue):
+            if taken and taken + len(records) > _GROUP_RECORDS:
+                group, self._queue = self._queue[:count], self._queue[count:]
+                return group
+            taken += len(records)
+        group, self._queue = self._queue, []
+        return group
+
+    async def _commit(
+        self, group: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]]
+    ) -> None:
+        records = [record for records, _ in group for record in records]
+        try:
+            if self._error is not None:
+                raise self._error
+            ids = await self._append_group(records)
+        except _Fenced:
+            self._error = self._fenced_error()
+            self._fail(group, self._error)
+            for _, future in self._queue:
+                if not future.done():
+                    future.set_exception(self._error)
+            self._queue = []
+            return
+        except WALError as exc:
+            if isinstance(exc, WALFenced):
+                self._error = exc
+            else:  # part of the group may have been sent: find the true end next time
+                self.end = None
+            self._fail(group, exc)
+            return
+        except Exception as exc:  # never leave a caller waiting
+            self._fail(group, AppendOutcomeUnknown(f"pulsar append failed: {exc!r}"))
+            self.end = None
+            return
+        offset = 0
+        for part, future in group:
+            if not future.done():
+                future.set_result(ids[offset : offset + len(part)])
+            offset += len(part)
+
+    def _fenced_error(self) -> WALFenced:
+        return WALFenced(
+            f"pulsar WAL of {self._topic}: term {self._term} was fenced by a newer writer"
+        )
+
+    @staticmethod
+    def _fail(
+        group: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]], exc: BaseException
+    ) -> None:
+        for _, future in group:
+            if not future.done():
+                future.set_exception(exc)
+
+    async def _append_group(self, records: list[bytes]) -> list[PulsarMessageId]:
+        for _attempt in range(_RESENDS):
+            if not self._producer.is_connected():  # fail fast: nothing was sent
+                raise BackendUnavailable(
+                    f"pulsar WAL of {self._topic}: the producer is not connected to the broker"
+                )
+            if self.end is None:
+                self.end = await self._read_end()
+            prev = self.end
+            group = f"{self._term}.{next(self._seq)}"
+            ids = await self._send(records, prev, group)
+            if ids is not None and _contiguous(prev, ids):
+                self.end = self._good = ids[-1]
+                return ids
+            found = await self._resolve(prev, group, len(records), ids)
+            if found is not None:
+                self._good = found[-1]
+                return found
+            self.resent += 1
+        raise BackendUnavailable(
+            f"pulsar WAL of {self._topic}: other writers' messages kept landing between"
+            f" this writer's groups ({_RESENDS} attempts)"
+        )
+
+    async def _send(
+        self, records: list[bytes], prev: PulsarMessageId, group: str
+    ) -> list[PulsarMessageId] | None:
+        """Send one group; its ids, or None if any send failed (``_resolve`` decides)."""
+        prev_text = prev.marshal()
+        count = len(records)
+        acks = GroupAcks(count)
+        producer = self._producer._producer
+        try:
+            for index, record in enumerate(records):
+                head, payload = split_envelope(record)
+                builder = _pulsar.MessageBuilder()
+                builder.content(payload)
+                for key, value in data_properties(head, prev_text, group, index, count).items():
+                    builder.property(key, value)
+                producer.send_async(builder.build(), acks.callback(index))
+            producer.flush_async(lambda result: None)
+        except PULSAR_ERRORS as exc:
+            raise translate(exc, f"sending to {self._topic} failed") from exc
+        try:
+            async with asyncio.timeout(self._timeout + 5):
+                await acks.wait()
+        except TimeoutError:
+            return None
+        ids: list[PulsarMessageId] = []
+        for result, message_id in acks.results:
+            if result != _pulsar.Result.Ok:
+                if getattr(result, "name", "") == "ProducerFenced":
+                    raise _Fenced
+                if getattr(result, "name", "") == "MessageTooBig":
+                    raise translate(_pulsar.PulsarException(str(result)), "sending") from None
+                return None
+            ids.append(PulsarMessageId.of(message_id))
+        return ids
+
+    async def _read_end(self) -> PulsarMessageId:
+        """The id of the last message in the log (read when the writer lost track)."""
+        from ._log import TailTracker  # a throwaway tracker: only its scan position
+
+        tracker = TailTracker(self._client, self._topic, self._timeout)
+        tracker.scanned = self._good
+        try:
+            await tracker.refresh()
+        finally:
+            await tracker.aclose()
+        if tracker.newest_barrier is not None and tracker.newest_barrier > self.barrier:
+            raise _Fenced
+        assert tracker.scanned is not None
+        return tracker.scanned
+
+    async def _resolve(
+        self,
+        prev: PulsarMessageId,
+        group: str,
+        count: int,
+        ids: list[PulsarMessageId] | None,
+    ) -> list[PulsarMessageId] | None:
+        """Read the log from ``prev``: the ids of this group if it landed valid, None if
+        it did not (``self.end`` moves to the true end); ``_Fenced`` if a newer barrier
+        lies between; ``AppendOutcomeUnknown`` if the log cannot be read."""
+        self.resolved_by_reading += 1
+        self.end = None
+        last_needed = ids[-1] if ids else None
+        links: list[Link] = []
+        try:
+            async with asyncio.timeout(self._timeout):
+                reader = await create_reader(self._client, self._topic, prev, inclusive=True)
+                try:
+                    while True:
+                        if last_needed is not None and links and links[-1].id >= last_needed:
+                            if not await reader.has_message_available():
+                                break
+                        elif last_needed is None and not await reader.has_message_available():
+                            break
+                        links.append(await read_link(reader, lenient=True))
+                finally:
+                    await close_quietly(reader, self._timeout)
+        except (TimeoutError, WALError, *PULSAR_ERRORS) as exc:
+            if last_needed is None:
+                raise AppendOutcomeUnknown(
+                    f"pulsar WAL of {self._topic}: sending failed and the log could not be"
+                    f" read to find out whether the group landed: {exc!r}"
+                ) from exc
+            raise BackendUnavailable(f"reading {self._topic} failed: {exc!r}") from exc
+        validator = ChainValidator()
+        mine: list[PulsarMessageId] = []
+        fenced = False
+        for link in links:
+            if link.barrier and link.id > self.barrier:
+                fenced = True
+            mine += [valid.id for valid in validator.push(link) if valid.group == group]
+        if links:
+            self.end = links[-1].id
+        if len(mine) == count:  # landed whole and valid: acknowledged, whatever follows
+            if fenced:  # ... but a newer writer's barrier follows it: never send again
+                self._error = self._fenced_error()
+            return mine
+        if fenced:
+            raise _Fenced
+        return None
+
+
+def _contiguous(prev: PulsarMessageId, ids: list[PulsarMessageId]) -> bool:
+    """True if ``ids`` follow ``prev`` with nothing in between (common case only: one
+    ledger; entries +1; batch indexes +1 inside an entry)."""
+    before = prev
+    for index, current in enumerate(ids):
+        if current.ledger != before.ledger:
+            return False
+        if current.entry == before.entry:
+            if index == 0 or current.batch != before.batch + 1:
+                return False
+        elif current.entry != before.entry + 1 or current.batch > 0:
+            return False
+        before = current
+    return True
