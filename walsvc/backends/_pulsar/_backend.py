@@ -12,6 +12,9 @@ exclusive producers, so fencing rests on the chain rule that every reader applie
 writer's group is valid only if it directly follows the writer's own previous message;
 a writer that finds a newer barrier in between raises ``WALFenced`` forever.
 
+Durable subscriptions: the topic ``{topic_prefix}_sub.{pchannel}``, one message per save,
+keyed by the subscription name (see ``_subscriptions``).
+
 Truncation is not supported (pulsar-client has no admin API, and Pulsar Lite serves none):
 ``truncate`` raises ``InvalidArgument`` without changing the log.
 """
@@ -35,6 +38,7 @@ from ._ids import PulsarMessageId
 from ._log import TailTracker, close_quietly
 from ._records import BARRIER, term_of_barrier
 from ._scanner import PulsarScanner
+from ._subscriptions import PulsarSubscriptionStore
 from ._writer import GroupWriter
 
 __all__ = ("PulsarBackend",)
@@ -50,6 +54,7 @@ class PulsarBackend(Backend):
     def __init__(
         self,
         client: pulsar_asyncio.Client,
+        location: str,
         topic: str,
         pchannel: str,
         options: Options,
@@ -57,6 +62,7 @@ class PulsarBackend(Backend):
         producer: pulsar_asyncio.Producer | None,
     ) -> None:
         self.client = client
+        self.location = location
         self.topic = topic
         self.pchannel = pchannel
         self.options = options
@@ -66,6 +72,7 @@ class PulsarBackend(Backend):
         self._producer = producer
         self._tracker = TailTracker(client, topic, options.operation_timeout)
         self._scanners: set[PulsarScanner] = set()
+        self._subscriptions: PulsarSubscriptionStore | None = None
         self._closed = False
 
     @classmethod
@@ -78,7 +85,7 @@ class PulsarBackend(Backend):
         producer: pulsar_asyncio.Producer | None = None
         try:
             if read_only:
-                backend = cls(client, topic, pchannel, parsed, None, None)
+                backend = cls(client, location, topic, pchannel, parsed, None, None)
                 # Reach the broker now: an unreachable one fails the open, within the timeout.
                 await _within(parsed.connect_timeout, _look_up(client, topic), location)
                 return backend
@@ -94,7 +101,7 @@ class PulsarBackend(Backend):
                 barrier,
                 parsed.operation_timeout,
             )
-            return cls(client, topic, pchannel, parsed, writer, producer)
+            return cls(client, location, topic, pchannel, parsed, writer, producer)
         except BaseException:
             if producer is not None:
                 await close_quietly(producer, 1.0)
@@ -119,6 +126,16 @@ class PulsarBackend(Backend):
         if self._writer is None:
             return None
         return self._writer.end
+
+    def subscriptions(self) -> PulsarSubscriptionStore:
+        """The topic ``<topic_prefix>_sub.<P>`` (see ``_subscriptions``); usable on a
+        read-only WAL too. Closed with the backend."""
+        self._check_open()
+        if self._subscriptions is None:
+            self._subscriptions = PulsarSubscriptionStore(
+                self.client, self.location, self.options, self.pchannel
+            )
+        return self._subscriptions
 
     def forget_scanner(self, scanner: PulsarScanner) -> None:
         """Called by a closing scanner."""
@@ -162,6 +179,8 @@ class PulsarBackend(Backend):
         if self._writer is not None:
             await self._writer.aclose()
         await self._tracker.aclose()
+        if self._subscriptions is not None:
+            await self._subscriptions.aclose()
         if self._producer is not None:
             await close_quietly(self._producer, self.options.operation_timeout)
         await _close_client(self.client)

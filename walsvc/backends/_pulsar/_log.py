@@ -127,7 +127,7 @@ class TailTracker:
                     f"reading the tail of {self._topic} took longer than {self._timeout} s"
                 ) from None
 
-    async def _last_entry(self) -> tuple[int, int] | None:
+    async def last_entry(self) -> tuple[int, int] | None:
         """(ledger, entry) of the topic's last entry; None if the topic is empty.
 
         The Python client offers ``get_last_message_id`` only on a consumer, which needs
@@ -159,7 +159,7 @@ class TailTracker:
         return (last.ledger_id(), last.entry_id())
 
     async def _refresh(self) -> None:
-        bound = await self._last_entry()
+        bound = await self.last_entry()
         if bound is None:
             return  # an empty topic (and has_message_available fails on one)
         scanned = self.scanned

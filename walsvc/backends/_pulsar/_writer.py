@@ -15,8 +15,22 @@ in one ledger). When that fails it reads the log from its previous message:
   appends fail with the retriable ``BackendUnavailable``).
 
 A group whose sends failed is resolved by reading the log: found whole and valid ->
-acknowledged with the ids found; not found -> ``BackendUnavailable`` (invalid for
-readers, so nothing was written); the log unreadable -> ``AppendOutcomeUnknown``.
+acknowledged with the ids found; not found -> sealed (below), then sent again (the
+appends fail with ``BackendUnavailable`` if the producer lost its broker); the log
+unreadable -> ``AppendOutcomeUnknown``.
+
+The seal. A failed send may still be persisted by the broker after the writer read the
+log and found nothing, and would then be valid if it landed directly after ``prev``.
+So before giving up on such a group the writer appends a *seal*: a message whose
+``walsvc.prev`` is the end the read found. Once the seal is acked directly after that
+end, the position after ``prev`` is taken (by the seal, or by what already followed
+``prev``) and the failed group can never become valid. A seal acked elsewhere means
+something landed meanwhile (perhaps the group itself): the log is read again from
+``prev`` and the group acknowledged if found, else sealed again (``_RESENDS`` times at
+most, then ``AppendOutcomeUnknown``, as when a seal cannot be sent at all). A seal is
+the first member of a two-member group that never gets its second member, so every
+reader drops it under the chain rule (it carries ``walsvc.seal`` for people reading the
+topic); like a barrier, it is what the writer's next group names as its ``prev``.
 """
 
 from __future__ import annotations
@@ -39,6 +53,12 @@ from ._client import PULSAR_ERRORS, GroupAcks, translate
 from ._ids import PulsarMessageId
 from ._log import close_quietly, create_reader, read_link
 from ._records import ChainValidator, Link, data_properties, split_envelope
+
+#: The marker property of a seal (readers drop seals by the chain rule, not by it).
+SEAL: Final = "walsvc.seal"
+# A seal's envelope part: 36 zero bytes, a header with empty vchannel and ext sections
+# and timetick 0 (tail trackers read the timetick of every data message).
+_SEAL_HEAD: Final = "\0" * 36
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
@@ -82,6 +102,8 @@ class GroupWriter:
         self.closed = False
         self.resolved_by_reading = 0
         self.resent = 0
+        #: Seals acked directly after the end they sealed.
+        self.sealed = 0
 
     def submit(self, records: Sequence[bytes]) -> asyncio.Future[list[PulsarMessageId]]:
         """Queue ``records`` for the next group; the future resolves to their ids."""
@@ -196,7 +218,12 @@ class GroupWriter:
             if ids is not None and _contiguous(prev, ids):
                 self.end = self._good = ids[-1]
                 return ids
-            found = await self._resolve(prev, group, len(records), ids)
+            last_needed = ids[-1] if ids else None
+            found = await self._resolve(
+                prev, group, len(records), last_needed, unknown_if_unreadable=ids is None
+            )
+            if found is None and ids is None:  # some bytes may still land: seal first
+                found = await self._seal(prev, group, len(records))
             if found is not None:
                 self._good = found[-1]
                 return found
@@ -241,6 +268,57 @@ class GroupWriter:
             ids.append(PulsarMessageId.of(message_id))
         return ids
 
+    async def _seal(
+        self, prev: PulsarMessageId, group: str, count: int
+    ) -> list[PulsarMessageId] | None:
+        """Make sure the failed ``group`` (after ``prev``; ``_resolve`` did not find it)
+        can never become valid: None once a seal is acked directly after the end read;
+        the group's ids if it turns out to have landed valid meanwhile.
+        ``AppendOutcomeUnknown`` if neither can be made sure of; ``_Fenced``."""
+        for _attempt in range(_RESENDS):
+            end = self.end
+            if end is None:  # unreachable: _resolve read at least ``prev``
+                break
+            seal = await self._send_seal(end)
+            if seal is not None and _contiguous(end, [seal]):
+                self.end = self._good = seal
+                self.sealed += 1
+                return None
+            if seal is None:
+                break
+            found = await self._resolve(prev, group, count, seal, unknown_if_unreadable=True)
+            if found is not None:
+                return found
+        self.end = None
+        raise AppendOutcomeUnknown(
+            f"pulsar WAL of {self._topic}: sending a group failed and the writer could not"
+            " seal the log after it, so it may still land"
+        )
+
+    async def _send_seal(self, end: PulsarMessageId) -> PulsarMessageId | None:
+        """Append a seal naming ``end`` as its predecessor; its id, or None if it failed."""
+        builder = _pulsar.MessageBuilder()
+        builder.content(b"")
+        seq = next(self._seq)
+        properties = data_properties(_SEAL_HEAD, end.marshal(), f"{self._term}.s{seq}", 0, 2)
+        for key, value in {**properties, SEAL: "1"}.items():
+            builder.property(key, value)
+        acks = GroupAcks(1)
+        producer = self._producer._producer
+        try:
+            producer.send_async(builder.build(), acks.callback(0))
+            producer.flush_async(lambda result: None)
+            async with asyncio.timeout(self._timeout + 5):
+                await acks.wait()
+        except (TimeoutError, *PULSAR_ERRORS):
+            return None
+        result, message_id = acks.results[0]
+        if result != _pulsar.Result.Ok:
+            if getattr(result, "name", "") == "ProducerFenced":
+                raise _Fenced
+            return None
+        return PulsarMessageId.of(message_id)
+
     async def _read_end(self) -> PulsarMessageId:
         """The id of the last message in the log (read when the writer lost track)."""
         from ._log import TailTracker  # a throwaway tracker: only its scan position
@@ -261,30 +339,36 @@ class GroupWriter:
         prev: PulsarMessageId,
         group: str,
         count: int,
-        ids: list[PulsarMessageId] | None,
+        last_needed: PulsarMessageId | None,
+        *,
+        unknown_if_unreadable: bool,
     ) -> list[PulsarMessageId] | None:
-        """Read the log from ``prev``: the ids of this group if it landed valid, None if
-        it did not (``self.end`` moves to the true end); ``_Fenced`` if a newer barrier
-        lies between; ``AppendOutcomeUnknown`` if the log cannot be read."""
+        """Read the log from ``prev`` (at least to ``last_needed``, then to its end): the
+        ids of this group if it landed valid, None if it did not (``self.end`` moves to
+        the true end); ``_Fenced`` if a newer barrier lies between. If the log cannot be
+        read: ``AppendOutcomeUnknown`` with ``unknown_if_unreadable`` (some send of the
+        group failed), else ``BackendUnavailable``."""
         self.resolved_by_reading += 1
         self.end = None
-        last_needed = ids[-1] if ids else None
         links: list[Link] = []
         try:
             async with asyncio.timeout(self._timeout):
+                if last_needed is None:
+                    # Read at least to the log's end as the tail tracker finds it: a
+                    # Pulsar Lite reader opened at ``prev`` (inclusive) was seen to answer
+                    # has_message_available False before delivering even ``prev``.
+                    last_needed = await self._read_end()
                 reader = await create_reader(self._client, self._topic, prev, inclusive=True)
                 try:
                     while True:
-                        if last_needed is not None and links and links[-1].id >= last_needed:
+                        if links and links[-1].id >= last_needed:
                             if not await reader.has_message_available():
                                 break
-                        elif last_needed is None and not await reader.has_message_available():
-                            break
                         links.append(await read_link(reader, lenient=True))
                 finally:
                     await close_quietly(reader, self._timeout)
         except (TimeoutError, WALError, *PULSAR_ERRORS) as exc:
-            if last_needed is None:
+            if unknown_if_unreadable:
                 raise AppendOutcomeUnknown(
                     f"pulsar WAL of {self._topic}: sending failed and the log could not be"
                     f" read to find out whether the group landed: {exc!r}"

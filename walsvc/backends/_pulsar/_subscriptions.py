@@ -1,0 +1,228 @@
+"""Durable subscriptions of a ``pulsar://`` pchannel: a keyed topic, read compacted.
+
+Where a checkpoint lives. The checkpoints of pchannel P are messages of the topic
+``<topic_prefix>_sub.<P>`` (a pchannel name starts with a letter or a digit, so it never
+collides with a pchannel's topic): partition key = the subscription name (ASCII), data =
+the checkpoint encoded as a ``file://`` checkpoint file is (magic, CRC32C, version,
+``Checkpoint.marshal()`` text); a deleted one is an empty message with the property
+``walsvc.deleted``. The newest message of a key wins; ``load`` and ``names`` read the
+topic up to its end as of the call. This topic is the only authority.
+
+Reading. The end is found as the backend's tail tracker finds it (a throwaway consumer's
+``get_last_message_id``; Pulsar Lite answers ``UnknownError`` for a topic without
+entries, which means "empty"); the topic is then read with a reader opened with
+``is_read_compacted=True`` until ``has_message_available`` says no more. Apache Pulsar
+serves such a reader the compacted view once the topic is compacted (set a compaction
+threshold on the namespace: an empty message is what its compaction drops as a deleted
+key). Pulsar Lite accepts the flag and delivers every message (it does not compact), so
+there the topic grows by one message per save. Each store remembers what it read
+(position and newest value per key) and later calls read only what was appended since.
+Re-delivered messages (ids not above the previous one: Pulsar Lite re-sends a batch
+entry now and then) are dropped.
+
+Errors. Every call is bounded by ``operation_timeout`` (``BackendUnavailable``); a
+message whose key is not a subscription name or whose value fails its checks raises
+``CorruptRecord`` (the value only when it is loaded); after ``aclose`` every method
+raises ``WALClosed``.
+
+Claims stay in the process (``SubscriptionStore.claim``). The Pulsar way to claim across
+processes is an Exclusive consumer on a per-name subscription, but ``claim`` is
+synchronous (``WAL.read`` calls it) and creating a consumer is a broker round trip that
+would block the event loop for up to ``operation_timeout``. Pulsar Lite also refuses a
+second Exclusive consumer only by dropping the connection (the client retries until its
+operation timeout, then raises ``Timeout``), which would disturb every other producer and
+consumer sharing that connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Final, final
+
+import pulsar
+
+from ..._deliver import Checkpoint
+from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
+from ..._subscriptions import (
+    SubscriptionStore,
+    _decode_checkpoint,
+    _encode_checkpoint,
+    check_subscription_name,
+)
+from ._client import PULSAR_ERRORS, Options, translate
+from ._ids import PulsarMessageId
+from ._log import TailTracker, close_quietly
+
+if TYPE_CHECKING:
+    import pulsar.asyncio as pulsar_asyncio
+
+__all__ = ("DELETED", "PulsarSubscriptionStore", "subscriptions_topic")
+
+#: The property marking an (empty) message as the deletion of its key's checkpoint.
+DELETED: Final = "walsvc.deleted"
+
+
+def subscriptions_topic(options: Options, pchannel: str) -> str:
+    """The topic holding the checkpoints of ``pchannel``."""
+    return f"{options.topic_prefix}_sub.{pchannel}"
+
+
+@final
+class PulsarSubscriptionStore(SubscriptionStore):
+    """The subscriptions of one ``pulsar://`` pchannel; see the module docstring.
+
+    Uses the backend's client (which it does not close); its producer starts on the first
+    save or delete (also on a read-only WAL) and stops with ``aclose``.
+    """
+
+    __slots__ = (
+        "_busy",
+        "_client",
+        "_closed",
+        "_latest",
+        "_producer",
+        "_scanned",
+        "_timeout",
+        "topic",
+    )
+
+    def __init__(
+        self, client: pulsar_asyncio.Client, location: str, options: Options, pchannel: str
+    ) -> None:
+        #: The topic holding the checkpoints.
+        self.topic = subscriptions_topic(options, pchannel)
+        super().__init__(("pulsar", location, self.topic))
+        self._client = client
+        self._timeout = options.operation_timeout
+        self._producer: pulsar_asyncio.Producer | None = None
+        self._busy = asyncio.Lock()
+        self._closed = False
+        #: The last message read; the next read starts after it.
+        self._scanned: PulsarMessageId | None = None
+        #: Per name, the newest message read: (its id, its data, or None if deleted).
+        self._latest: dict[str, tuple[PulsarMessageId, bytes | None]] = {}
+
+    async def aclose(self) -> None:
+        """Stop the store's producer; later calls raise ``WALClosed``. Idempotent."""
+        self._closed = True
+        async with self._busy:  # after the call in flight, if any
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            await close_quietly(producer, self._timeout)
+
+    # -- SubscriptionStore --------------------------------------------------------------
+
+    async def _load(self, name: str) -> Checkpoint | None:
+        await self._catch_up()
+        found = self._latest.get(name)
+        if found is None:
+            return None
+        message_id, value = found
+        if value is None:
+            return None
+        return _decode_checkpoint(
+            f"{self.topic}@{message_id.marshal()} (subscription {name!r})", value
+        )
+
+    async def _save(self, name: str, checkpoint: Checkpoint) -> None:
+        await self._produce(name, _encode_checkpoint(checkpoint), {})
+
+    async def _delete(self, name: str) -> None:
+        await self._produce(name, b"", {DELETED: "1"})
+
+    async def _names(self) -> list[str]:
+        await self._catch_up()
+        return [name for name, (_, value) in self._latest.items() if value is not None]
+
+    # -- writing ------------------------------------------------------------------------
+
+    async def _produce(self, name: str, value: bytes, properties: dict[str, str]) -> None:
+        async with self._busy:
+            self._check_open()
+            try:
+                async with asyncio.timeout(self._timeout):
+                    producer = await self._started_producer()
+                    await producer.send(value, properties=properties, partition_key=name)
+            except TimeoutError:
+                raise BackendUnavailable(
+                    f"writing the checkpoint of subscription {name!r} to {self.topic} took"
+                    f" longer than {self._timeout} s"
+                ) from None
+            except PULSAR_ERRORS as exc:
+                raise translate(
+                    exc, f"cannot write the checkpoint of subscription {name!r} to {self.topic}"
+                ) from exc
+
+    async def _started_producer(self) -> pulsar_asyncio.Producer:
+        if self._producer is None:
+            self._producer = await self._client.create_producer(
+                self.topic,
+                send_timeout_millis=max(1, int(self._timeout * 1000)),
+                batching_enabled=False,
+            )
+        return self._producer
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def _catch_up(self) -> None:
+        """Read what was appended to the topic since the last read, up to its end."""
+        async with self._busy:
+            self._check_open()
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await self._read_new()
+            except TimeoutError:
+                raise BackendUnavailable(
+                    f"reading the subscriptions in {self.topic} took longer than {self._timeout} s"
+                ) from None
+            except PULSAR_ERRORS as exc:
+                raise translate(exc, f"cannot read the subscriptions in {self.topic}") from exc
+
+    async def _read_new(self) -> None:
+        end = await self._end()
+        if end is None:
+            return  # empty (Pulsar Lite cannot answer has_message_available on it)
+        scanned = self._scanned
+        if scanned is not None and (scanned.ledger, scanned.entry) >= end:
+            return
+        start = pulsar.MessageId.earliest
+        if scanned is not None:
+            start = pulsar.MessageId(
+                scanned.partition, scanned.ledger, scanned.entry, scanned.batch
+            )
+        reader = await self._client.create_reader(
+            self.topic, start, is_read_compacted=True, start_message_id_inclusive=False
+        )
+        try:
+            while await reader.has_message_available():
+                self._note(await reader.read_next())
+        finally:
+            await close_quietly(reader, self._timeout)
+
+    async def _end(self) -> tuple[int, int] | None:
+        """(ledger, entry) of the topic's last entry, or None if it has none."""
+        tracker = TailTracker(self._client, self.topic, self._timeout)
+        try:
+            return await tracker.last_entry()
+        finally:
+            await tracker.aclose()
+
+    def _note(self, message: pulsar.Message) -> None:
+        message_id = PulsarMessageId.of(message.message_id())
+        if self._scanned is not None and message_id <= self._scanned:
+            return  # delivered again
+        key = message.partition_key()
+        try:
+            name = check_subscription_name(key)
+        except (InvalidArgument, TypeError) as exc:
+            raise CorruptRecord(
+                f"{self.topic}@{message_id.marshal()}: not a walsvc subscription record"
+                f" (key {key!r})"
+            ) from exc
+        deleted = DELETED in message.properties()
+        self._latest[name] = (message_id, None if deleted else message.data())
+        self._scanned = message_id
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WALClosed(f"the subscriptions in {self.topic} are closed")
