@@ -36,9 +36,21 @@ class FaultyBackend(Backend):
 
     @classmethod
     async def open(
-        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+        cls,
+        location: str,
+        pchannel: str,
+        *,
+        read_only: bool,
+        options: Mapping[str, Any],
+        max_message_size: int,
     ) -> Backend:
-        inner = await MemoryBackend.open(location, pchannel, read_only=read_only, options=options)
+        inner = await MemoryBackend.open(
+            location,
+            pchannel,
+            read_only=read_only,
+            options=options,
+            max_message_size=max_message_size,
+        )
         return cls(inner)
 
     def append(self, records: Sequence[bytes]) -> Awaitable[Sequence[MessageId]]:

@@ -147,10 +147,18 @@ class _BrokenBackend(Backend):
 
     @classmethod
     async def open(
-        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+        cls,
+        location: str,
+        pchannel: str,
+        *,
+        read_only: bool,
+        options: Mapping[str, Any],
+        max_message_size: int,
     ) -> Backend:
         fault, _, name = location.partition("/")
-        inner = await MemoryBackend.open(name, pchannel, read_only=read_only, options=options)
+        inner = await MemoryBackend.open(
+            name, pchannel, read_only=read_only, options=options, max_message_size=max_message_size
+        )
         return cls(inner, fault, read_only)
 
     def append(self, records: Sequence[bytes]) -> Awaitable[Sequence[MessageId]]:

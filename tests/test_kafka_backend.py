@@ -184,6 +184,25 @@ async def test_topic_prefix_and_oversized_messages(tansu_url: str) -> None:
         assert got.payload == bytes(500)
 
 
+async def test_the_topic_holds_the_wals_max_message_size_and_one_call_is_bounded(
+    tansu_url: str,
+) -> None:
+    """The topic and producer are sized from the WAL's max_message_size (here above the
+    5 MiB default and the 1 MiB batch limit); one append call is never split, so a call
+    larger than that raises MessageTooLarge before anything is sent."""
+    pchannel = f"big-{uuid.uuid4().hex[:8]}"
+    seven_mib = bytes(7 << 20)
+    async with await walsvc.open_wal(tansu_url, pchannel, max_message_size=8 << 20) as wal:
+        big = await wal.append(Message(payload=seven_mib, vchannel="v"))
+        too_many = [Message(payload=bytes(1 << 20), vchannel="v") for _ in range(9)]
+        with pytest.raises(walsvc.MessageTooLarge, match="split the append_many call"):
+            await wal.append_many(too_many)
+        after = await wal.append(Message(payload=b"after", vchannel="v"))
+    async with await walsvc.open_wal(tansu_url, pchannel, read_only=True) as reader:
+        got = await read_inserts(reader, DeliverPolicy.start_from(big.message_id), after.message_id)
+    assert [len(m.payload) for m in got] == [len(seven_mib), len(b"after")]
+
+
 async def test_a_log_of_barriers_only_is_empty(tansu_url: str) -> None:
     """Barriers are not messages: a pchannel opened twice without appends has no latest
     id and timetick 0, and a reader from ``all`` sees nothing."""

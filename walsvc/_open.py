@@ -88,7 +88,9 @@ async def open_wal(
         else:
             members = tuple(interceptors)
     cls = backend_class(scheme)
-    backend = await cls.open(location, pchannel, read_only=read_only, options=options)
+    backend = await cls.open(
+        location, pchannel, read_only=read_only, options=options, max_message_size=max_message_size
+    )
     allocator = timetick_allocator if timetick_allocator is not None else HybridClock()
     wal = WAL(
         backend,

@@ -78,12 +78,20 @@ class Backend(ABC):
     @classmethod
     @abstractmethod
     async def open(
-        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+        cls,
+        location: str,
+        pchannel: str,
+        *,
+        read_only: bool,
+        options: Mapping[str, Any],
+        max_message_size: int,
     ) -> Backend:
         """Open ``pchannel`` at ``location`` (the URL after ``scheme://``).
 
         ``options`` are the backend's own keyword options; unknown ones raise
-        ``TypeError``, bad values ``InvalidArgument``.
+        ``TypeError``, bad values ``InvalidArgument``. ``max_message_size`` is the WAL's
+        limit on one encoded envelope (the WAL refuses larger ones before they reach the
+        backend): a backend whose store has its own limit sizes it to hold this.
         """
 
     @abstractmethod

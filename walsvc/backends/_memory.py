@@ -106,7 +106,13 @@ class MemoryBackend(Backend):
 
     @classmethod
     async def open(
-        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+        cls,
+        location: str,
+        pchannel: str,
+        *,
+        read_only: bool,
+        options: Mapping[str, Any],
+        max_message_size: int,
     ) -> MemoryBackend:
         if options:
             raise TypeError(f"unknown option(s) for memory:// WALs: {', '.join(options)}")

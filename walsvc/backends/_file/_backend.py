@@ -78,7 +78,13 @@ class FileBackend(Backend):
 
     @classmethod
     async def open(
-        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+        cls,
+        location: str,
+        pchannel: str,
+        *,
+        read_only: bool,
+        options: Mapping[str, Any],
+        max_message_size: int,
     ) -> FileBackend:
         sync, segment_size, poll_interval = _parse_options(options)
         directory = _open_directory(location, pchannel, read_only=read_only)

@@ -7,7 +7,9 @@ Options (keywords of ``walsvc.open_wal``):
   ``BackendUnavailable`` within it.
 - ``request_timeout`` (seconds, default 30): the bound on every request and read.
 - ``max_batch_bytes`` (default 1 MiB): appends queued while a batch is in flight are
-  sent together, up to this many bytes (one append call is never split).
+  sent together, up to this many bytes (one append call is never split, so one call may
+  hold at most max(``max_batch_bytes``, the WAL's ``max_message_size``) bytes, else
+  ``MessageTooLarge``; the topic's ``max.message.bytes`` is sized to hold that).
 
 Message ids are offsets (``KafkaMessageId``). Fencing is an offset chain (``_writer``):
 a read-write open appends a barrier at offset B and takes term B + 1.
@@ -86,11 +88,19 @@ class KafkaBackend(Backend):
 
     @classmethod
     async def open(
-        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+        cls,
+        location: str,
+        pchannel: str,
+        *,
+        read_only: bool,
+        options: Mapping[str, Any],
+        max_message_size: int,
     ) -> KafkaBackend:
         parsed = parse_options(options)
         servers = parse_location(location)
         topic = parsed.topic_prefix + pchannel
+        # The largest batch the writer sends: one append call is never split.
+        call_limit = max(parsed.max_batch_bytes, max_message_size)
         admin = await new_admin(servers, parsed)
         try:
             if read_only:
@@ -98,21 +108,24 @@ class KafkaBackend(Backend):
                     raise InvalidArgument(f"no kafka WAL for pchannel {pchannel!r} (topic {topic})")
                 await check_partitions(admin, topic)
             else:
-                await ensure_topic(admin, topic, parsed.max_batch_bytes)
+                await ensure_topic(admin, topic, call_limit + _PRODUCER_SLACK)
         finally:
             await stop_quietly(admin, parsed)
         reader = LogReader(servers, topic, parsed)
         if read_only:
             return cls(servers, parsed, pchannel, reader, None)
-        max_bytes = parsed.max_batch_bytes * 2 + _PRODUCER_SLACK
-        producer = await new_producer(servers, parsed, max_bytes)
+        producer = await new_producer(servers, parsed, call_limit + 2 * _PRODUCER_SLACK)
         try:
             barrier = await append_barrier(producer, topic, parsed)
         except BaseException:
             await stop_quietly(producer, parsed)
             raise
         return cls(
-            servers, parsed, pchannel, reader, OffsetChainWriter(producer, reader, parsed, barrier)
+            servers,
+            parsed,
+            pchannel,
+            reader,
+            OffsetChainWriter(producer, reader, parsed, barrier, call_limit),
         )
 
     def append(self, records: Sequence[bytes]) -> Any:

@@ -12,12 +12,10 @@ from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError
 
 from ..._errors import BackendUnavailable, InvalidArgument
-from ..._wal import DEFAULT_MAX_MESSAGE_SIZE
 
 __all__ = ("check_partitions", "ensure_topic", "topic_exists")
 
 _TOPIC_EXISTS: Final = 36
-_SLACK: Final = 64 * 1024
 
 
 async def topic_exists(admin: Any, topic: str) -> bool:
@@ -28,14 +26,13 @@ async def topic_exists(admin: Any, topic: str) -> bool:
         raise BackendUnavailable(f"cannot list Kafka topics: {exc!r}") from exc
 
 
-async def ensure_topic(admin: Any, topic: str, max_batch_bytes: int) -> None:
+async def ensure_topic(admin: Any, topic: str, max_bytes: int) -> None:
     """Create ``topic`` with one partition unless it exists; refuse an existing topic
     with more than one partition (``InvalidArgument``).
 
-    ``max.message.bytes`` is set to hold the WAL's default maximum message size and a
-    whole batch; a broker that refuses the setting gets the topic without it.
+    ``max.message.bytes`` is set to ``max_bytes`` (the largest batch the writer sends);
+    a broker that refuses the setting gets the topic without it.
     """
-    max_bytes = max(max_batch_bytes, DEFAULT_MAX_MESSAGE_SIZE) + _SLACK
     try:
         for configs in ({"max.message.bytes": str(max_bytes)}, {}):
             response = await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=configs)])

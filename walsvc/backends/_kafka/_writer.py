@@ -102,6 +102,7 @@ class OffsetChainWriter:
     """Appends for one read-write open; see the module docstring."""
 
     __slots__ = (
+        "_call_limit",
         "_closing",
         "_fenced",
         "_loop",
@@ -117,9 +118,15 @@ class OffsetChainWriter:
     )
 
     def __init__(
-        self, producer: Any, reader: LogReader, options: KafkaOptions, barrier: int
+        self,
+        producer: Any,
+        reader: LogReader,
+        options: KafkaOptions,
+        barrier: int,
+        call_limit: int,
     ) -> None:
         self._producer = producer
+        self._call_limit = call_limit
         self._reader = reader
         self._options = options
         self.topic: str = reader.topic
@@ -142,12 +149,22 @@ class OffsetChainWriter:
     ) -> asyncio.Future[list[KafkaMessageId]]:
         """Queue records (and/or a mark) for the next batch; the future gets their ids."""
         future: asyncio.Future[list[KafkaMessageId]] = self._loop.create_future()
-        if self._fenced is not None:
+        pending = _Pending(records, mark, future)
+        if pending.size > self._call_limit:
+            future.set_exception(
+                MessageTooLarge(
+                    f"one append of {len(records)} records and about {pending.size} bytes"
+                    f" exceeds what kafka WAL {self.topic} sends as one batch"
+                    f" ({self._call_limit} bytes: max_batch_bytes or max_message_size,"
+                    " whichever is larger); split the append_many call"
+                )
+            )
+        elif self._fenced is not None:
             future.set_exception(WALFenced(str(self._fenced)))
         elif self._closing:
             future.set_exception(WALClosed(f"kafka WAL {self.topic} is closed"))
         else:
-            self._queue.append(_Pending(records, mark, future))
+            self._queue.append(pending)
             if self._task is None:
                 self._task = self._loop.create_task(self._drain())
         return future

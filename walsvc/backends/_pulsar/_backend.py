@@ -77,7 +77,13 @@ class PulsarBackend(Backend):
 
     @classmethod
     async def open(
-        cls, location: str, pchannel: str, *, read_only: bool, options: Mapping[str, Any]
+        cls,
+        location: str,
+        pchannel: str,
+        *,
+        read_only: bool,
+        options: Mapping[str, Any],
+        max_message_size: int,
     ) -> PulsarBackend:
         parsed = parse_options(options)
         topic = f"{parsed.topic_prefix}{pchannel}"
