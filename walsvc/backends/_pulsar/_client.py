@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -42,8 +41,11 @@ __all__ = (
 #: Every exception pulsar-client raises (its C++ errors and the asyncio wrapper's).
 PULSAR_ERRORS: Final = (_pulsar.PulsarException, pulsar_asyncio.PulsarException)
 
-#: pulsar-client's C++ log goes here (not to stdout): configure it with ``logging``.
-_LOGGER: Final = logging.getLogger("walsvc.pulsar")
+#: pulsar-client's C++ log: errors only, written by the C++ console logger. Never a Python
+#: logger: the client's I/O threads would call it holding a producer's mutex, while
+#: ``flush_async`` (whose binding keeps the GIL) waits on that mutex from the event loop:
+#: a deadlock of the whole process (seen with pulsar-client 3.13 under load).
+_LOGGER: Final = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 _DEFAULT_PREFIX: Final = "persistent://public/default/walsvc."
 _KNOWN: Final = frozenset(

@@ -21,6 +21,7 @@ reader (scanner, tail tracker, writer's own check) applies this rule, so all agr
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple, final
@@ -33,7 +34,6 @@ __all__ = (
     "ChainValidator",
     "Link",
     "data_properties",
-    "envelope_of",
     "foreign",
     "parse",
     "split_envelope",
@@ -105,7 +105,7 @@ def parse(message: Any, message_id: PulsarMessageId) -> Link:
         count = int(tail)
         group, _, index_text = group.rpartition(".")
         index = int(index_text)
-        prev = PulsarMessageId.from_position(prev_text.removeprefix("pulsar:"))
+        prev = _prev_id(prev_text)
     except (KeyError, ValueError, UnicodeEncodeError, CorruptRecord) as exc:
         raise CorruptRecord(
             f"Pulsar message {message_id!r} is not a walsvc record ({type(exc).__name__}: {exc})"
@@ -115,15 +115,17 @@ def parse(message: Any, message_id: PulsarMessageId) -> Link:
     return Link(message_id, False, prev, group, index, count, head, message.data())
 
 
+@functools.lru_cache(maxsize=256)
+def _prev_id(text: str) -> PulsarMessageId:
+    """The id in a ``walsvc.prev`` property (every member of a group carries the same
+    text, so a scan parses each once)."""
+    return PulsarMessageId.from_position(text.removeprefix("pulsar:"))
+
+
 def foreign(message_id: PulsarMessageId) -> Link:
     """The link of a message that is not a walsvc record: never valid, and whatever
     follows it does not follow its writer's previous message."""
     return Link(message_id, False, None, "", 0, 1, b"", b"")
-
-
-def envelope_of(link: Link) -> bytes:
-    """The envelope bytes of a data link (header part + payload)."""
-    return link.head + link.data
 
 
 @final

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final
 
-from ..._codec import decode_run
+from ..._codec import decode_split
 from ..._deliver import DeliverPolicy
 from ..._errors import BackendUnavailable, CorruptRecord, WALClosed, WALError
 from ..._filter import Filter
@@ -22,7 +22,7 @@ from ..._message import ImmutableMessage
 from .._base import BackendScanner
 from ._ids import PulsarMessageId
 from ._log import EARLIEST, LATEST, close_quietly, create_reader, read_link
-from ._records import ChainValidator, Link, envelope_of
+from ._records import ChainValidator, Link
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
@@ -159,10 +159,7 @@ class PulsarScanner(BackendScanner):
         for link in valid:
             if bound is not None and (link.id < bound or (link.id == bound and not inclusive)):
                 continue
-            out += decode_run(envelope_of(link), 0, _constant(link.id), selected)
+            message = decode_split(link.head, link.data, link.id)
+            if selected.is_everything or selected.admits(message):
+                out.append(message)
         return out
-
-
-def _constant(message_id: PulsarMessageId) -> Callable[[int], PulsarMessageId]:
-    """``decode_run``'s id maker for a run of one envelope."""
-    return lambda _: message_id
