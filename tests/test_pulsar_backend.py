@@ -856,3 +856,21 @@ async def test_a_failed_group_persisted_later_stays_invalid(broker: PulsarLite) 
             "after:0",
         ]
         assert await wal.latest_message_id() is not None
+
+
+async def test_a_partitioned_topic_is_refused(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pulsar Lite cannot create partitioned topics (no admin API), so the client's answer
+    is stubbed: a topic reported with two partitions is refused with a clear error."""
+    pchannel = f"parted-{uuid.uuid4().hex[:8]}"
+
+    async def two_partitions(self: Any, topic: str) -> list[str]:
+        return [f"{topic}-partition-0", f"{topic}-partition-1"]
+
+    monkeypatch.setattr(pulsar_asyncio.Client, "get_topic_partitions", two_partitions)
+    with pytest.raises(walsvc.InvalidArgument, match="has 2 partitions"):
+        await walsvc.open_wal(broker.url, pchannel)
+    monkeypatch.undo()
+    async with await walsvc.open_wal(broker.url, pchannel) as wal:  # one partition: fine
+        await wal.append(Message(payload=b"x", vchannel="v"))

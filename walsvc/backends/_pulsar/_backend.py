@@ -90,11 +90,11 @@ class PulsarBackend(Backend):
         client = connect(location, parsed)
         producer: pulsar_asyncio.Producer | None = None
         try:
+            # Reach the broker now (an unreachable one fails the open, within the
+            # timeout) and refuse a partitioned topic before anything is written.
+            await _within(parsed.connect_timeout, _look_up(client, topic), location)
             if read_only:
-                backend = cls(client, location, topic, pchannel, parsed, None, None)
-                # Reach the broker now: an unreachable one fails the open, within the timeout.
-                await _within(parsed.connect_timeout, _look_up(client, topic), location)
-                return backend
+                return cls(client, location, topic, pchannel, parsed, None, None)
             producer = await _within(
                 parsed.connect_timeout, _create_producer(client, topic, parsed), location
             )
@@ -203,10 +203,17 @@ async def _within(seconds: float, awaitable: Any, location: str) -> Any:
 
 
 async def _look_up(client: pulsar_asyncio.Client, topic: str) -> None:
+    """Reach the broker, and refuse a partitioned topic (``InvalidArgument``): a pchannel
+    is one totally ordered log."""
     try:
-        await client.get_topic_partitions(topic)
+        partitions = await client.get_topic_partitions(topic)
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot look up {topic}") from exc
+    if len(partitions) > 1:
+        raise InvalidArgument(
+            f"Pulsar topic {topic} has {len(partitions)} partitions; a walsvc pchannel needs"
+            " a non-partitioned topic (delete it, or pick another topic_prefix)"
+        )
 
 
 async def _create_producer(
