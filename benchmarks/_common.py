@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,9 +27,12 @@ __all__ = (
     "LOOPS",
     "PAYLOAD",
     "PRODUCERS",
+    "REPEATS",
     "STALL_SECONDS",
     "VCHANNELS",
+    "BrokerBench",
     "RawGroupCommitLog",
+    "best_ratio",
     "close_loop",
     "closed_loop_rate",
     "decode_all_scan",
@@ -53,6 +57,8 @@ PRODUCERS = 64
 VCHANNELS = tuple(f"v{i}" for i in range(16))
 #: A scan that makes no progress for this long fails instead of hanging the run.
 STALL_SECONDS = 120
+#: Runs of each side of a ratio (alternately); the best of each counts.
+REPEATS = 3
 
 
 def new_loop(kind: str) -> asyncio.AbstractEventLoop:
@@ -112,6 +118,53 @@ def side_by_side(
         for out, measure in zip(results, measures, strict=True):
             out.append(loop.run_until_complete(measure()))
     return results
+
+
+def best_ratio(
+    loop: asyncio.AbstractEventLoop,
+    what: str,
+    baseline: tuple[str, Callable[[], Coroutine[Any, Any, float]]],
+    ours: tuple[str, Callable[[], Coroutine[Any, Any, float]]],
+) -> float:
+    """Best-of-REPEATS rate of ``ours`` over the best of ``baseline`` (each a label and a
+    measure returning a rate), measured side by side; every run's figure goes to stderr."""
+    (base_label, base_measure), (our_label, our_measure) = baseline, ours
+    base, mine = side_by_side(loop, REPEATS, base_measure, our_measure)
+    note(f"{what}: {base_label} {[round(r) for r in base]} msgs/s")
+    note(f"{what}: {our_label} {[round(r) for r in mine]} msgs/s")
+    return max(mine) / max(base)
+
+
+class BrokerBench:
+    """An asv base for ratios on a real broker: each ``setup`` makes a fresh event loop
+    (parameter ``loop``) and starts a broker of the benchmark's own with
+    ``start_broker``; ``teardown`` closes the loop and stops the broker by its pid."""
+
+    params = (list(LOOPS),)
+    param_names = ("loop",)
+    timer = timeit.default_timer
+    timeout = 180
+    unit = "ratio"
+    loop: asyncio.AbstractEventLoop
+    broker: Any
+
+    def start_broker(self) -> Any:
+        """A started broker with a ``close()`` that stops it."""
+        raise NotImplementedError
+
+    def setup(self, loop: str) -> None:
+        self.loop = new_loop(loop)
+        try:
+            self.broker = self.start_broker()
+        except BaseException:
+            close_loop(self.loop)
+            raise
+
+    def teardown(self, loop: str) -> None:
+        try:
+            close_loop(self.loop)
+        finally:
+            self.broker.close()
 
 
 def percentile(values: Sequence[float], q: float) -> float:

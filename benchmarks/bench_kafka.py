@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import itertools
 import time
-import timeit
 import uuid
 from collections.abc import Awaitable
 from typing import Any
@@ -51,20 +50,17 @@ from walsvc.backends._kafka import KafkaMessageId
 from walsvc.testing._tansu import TansuBroker, start_tansu
 
 from ._common import (
-    LOOPS,
     PAYLOAD,
     PRODUCERS,
     VCHANNELS,
-    close_loop,
+    BrokerBench,
+    best_ratio,
     closed_loop_rate,
-    new_loop,
     note,
-    side_by_side,
 )
 
 SECONDS = 1.0
 WARMUP = 0.2
-REPEATS = 3
 #: Messages in the scanned topic.
 MESSAGES = 100_000
 FILL_BATCH = 1000
@@ -229,28 +225,13 @@ async def raw_scan_rate(broker: TansuBroker, topic: str, last_offset: int) -> fl
 # -- asv classes --------------------------------------------------------------------------
 
 
-class _KafkaBench:
-    """Shared: an event loop and a Tansu broker of the benchmark's own."""
+class _KafkaBench(BrokerBench):
+    """A Tansu broker of the benchmark's own."""
 
-    params = (list(LOOPS),)
-    param_names = ("loop",)
-    timer = timeit.default_timer
     timeout = 120
-    unit = "ratio"
 
-    def setup(self, loop: str) -> None:
-        self.loop = new_loop(loop)
-        try:
-            self.broker = start_tansu()
-        except BaseException:
-            close_loop(self.loop)
-            raise
-
-    def teardown(self, loop: str) -> None:
-        try:
-            close_loop(self.loop)
-        finally:
-            self.broker.stop()
+    def start_broker(self) -> TansuBroker:
+        return start_tansu()
 
 
 class KafkaAppendRatio(_KafkaBench):
@@ -259,15 +240,12 @@ class KafkaAppendRatio(_KafkaBench):
     def track_append_ratio(self, loop: str) -> float:
         """64 producers each awaiting one 100-byte append (target >= 0.8)."""
         broker = self.broker
-        raw, wal = side_by_side(
+        return best_ratio(
             self.loop,
-            REPEATS,
-            lambda: raw_append_rate(broker),
-            lambda: walsvc_append_rate(broker),
+            "append",
+            ("raw aiokafka", lambda: raw_append_rate(broker)),
+            ("walsvc kafka://", lambda: walsvc_append_rate(broker)),
         )
-        note(f"append: raw aiokafka {[round(r) for r in raw]} msgs/s")
-        note(f"append: walsvc kafka:// {[round(r) for r in wal]} msgs/s")
-        return max(wal) / max(raw)
 
 
 class KafkaScanRatio(_KafkaBench):
@@ -298,12 +276,9 @@ class KafkaScanRatio(_KafkaBench):
     def track_scan_ratio(self, loop: str) -> float:
         """Messages/s until the last of MESSAGES, from the start (target >= 0.8)."""
         broker, wal = self.broker, self.wal
-        raw, ours = side_by_side(
+        return best_ratio(
             self.loop,
-            REPEATS,
-            lambda: raw_scan_rate(broker, self.topic, self.last_offset),
-            lambda: walsvc_scan_rate(wal),
+            "scan",
+            ("raw aiokafka", lambda: raw_scan_rate(broker, self.topic, self.last_offset)),
+            ("walsvc kafka://", lambda: walsvc_scan_rate(wal)),
         )
-        note(f"scan: raw aiokafka {[round(r) for r in raw]} msgs/s")
-        note(f"scan: walsvc kafka:// {[round(r) for r in ours]} msgs/s")
-        return max(ours) / max(raw)

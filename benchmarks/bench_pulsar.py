@@ -45,7 +45,6 @@ import itertools
 import logging
 import math
 import time
-import timeit
 import uuid
 from collections.abc import Awaitable
 from typing import Any, Final
@@ -59,20 +58,17 @@ from walsvc.backends._pulsar._client import Options
 from walsvc.testing._pulsar_lite import PulsarLite, start_pulsar_lite
 
 from ._common import (
-    LOOPS,
     PAYLOAD,
     PRODUCERS,
     VCHANNELS,
-    close_loop,
+    BrokerBench,
+    best_ratio,
     closed_loop_rate,
-    new_loop,
     note,
-    side_by_side,
 )
 
 SECONDS = 1.0
 WARMUP = 0.2
-REPEATS = 3
 #: Messages in the scanned topic.
 MESSAGES = 50_000
 FILL_BATCH = 1000
@@ -227,28 +223,11 @@ async def raw_scan_rate(broker: PulsarLite, topic: str) -> float:
 # -- asv classes --------------------------------------------------------------------------
 
 
-class _PulsarBench:
-    """Shared: an event loop and a Pulsar Lite broker of the benchmark's own."""
+class _PulsarBench(BrokerBench):
+    """A Pulsar Lite broker of the benchmark's own (in a temporary directory)."""
 
-    params = (list(LOOPS),)
-    param_names = ("loop",)
-    timer = timeit.default_timer
-    timeout = 180
-    unit = "ratio"
-
-    def setup(self, loop: str) -> None:
-        self.loop = new_loop(loop)
-        try:
-            self.broker = start_pulsar_lite()
-        except BaseException:
-            close_loop(self.loop)
-            raise
-
-    def teardown(self, loop: str) -> None:
-        try:
-            close_loop(self.loop)
-        finally:
-            self.broker.close()
+    def start_broker(self) -> PulsarLite:
+        return start_pulsar_lite()
 
 
 class PulsarAppendRatio(_PulsarBench):
@@ -257,15 +236,12 @@ class PulsarAppendRatio(_PulsarBench):
 
     def _ratio(self, delay_ms: int) -> float:
         broker = self.broker
-        raw, wal = side_by_side(
+        return best_ratio(
             self.loop,
-            REPEATS,
-            lambda: raw_append_rate(broker, delay_ms),
-            lambda: walsvc_append_rate(broker),
+            "append",
+            (f"raw pulsar.asyncio, {delay_ms} ms delay", lambda: raw_append_rate(broker, delay_ms)),
+            ("walsvc pulsar://", lambda: walsvc_append_rate(broker)),
         )
-        note(f"append: raw pulsar.asyncio, {delay_ms} ms delay {[round(r) for r in raw]} msgs/s")
-        note(f"append: walsvc pulsar:// {[round(r) for r in wal]} msgs/s")
-        return max(wal) / max(raw)
 
     def track_append_ratio(self, loop: str) -> float:
         """Over the raw producer with walsvc's batching settings, its publish delay
@@ -306,12 +282,9 @@ class PulsarScanRatio(_PulsarBench):
     def track_scan_ratio(self, loop: str) -> float:
         """Messages/s until the last of MESSAGES, from the start (target >= 0.8)."""
         broker, wal, topic = self.broker, self.wal, self.topic
-        raw, ours = side_by_side(
+        return best_ratio(
             self.loop,
-            REPEATS,
-            lambda: raw_scan_rate(broker, topic),
-            lambda: walsvc_scan_rate(wal),
+            "scan",
+            ("raw pulsar.asyncio", lambda: raw_scan_rate(broker, topic)),
+            ("walsvc pulsar://", lambda: walsvc_scan_rate(wal)),
         )
-        note(f"scan: raw pulsar.asyncio {[round(r) for r in raw]} msgs/s")
-        note(f"scan: walsvc pulsar:// {[round(r) for r in ours]} msgs/s")
-        return max(ours) / max(raw)

@@ -86,6 +86,10 @@ class TansuBroker:
         except FileNotFoundError:
             pass
 
+    def close(self) -> None:
+        """``stop``: a Tansu broker keeps nothing on disk (as ``PulsarLite.close``)."""
+        self.stop()
+
 
 def _broker_binary() -> str:
     try:
