@@ -21,10 +21,13 @@ class FakeClock:
         return self.ms
 
 
-async def open_manual(url: str, clock: FakeClock, **kwargs: Any) -> walsvc.WAL:
+async def open_manual(
+    url: str, clock: FakeClock, *, pchannel: str = "p0", **kwargs: Any
+) -> walsvc.WAL:
     """A WAL on the fake clock whose timetick sync runs only when the test says so."""
     kwargs.setdefault("interceptors", interceptors.default_chain(sync_interval=None))
-    wal = await walsvc.open_wal(url, "p0", timetick_allocator=HybridClock(now_ms=clock), **kwargs)
+    allocator = HybridClock(now_ms=clock)
+    wal = await walsvc.open_wal(url, pchannel, timetick_allocator=allocator, **kwargs)
     await wal.wait_ready()
     return wal
 

@@ -20,14 +20,13 @@ from typing import Any
 
 import _faulty
 import pytest
-from _chain_support import whole_log
+from _chain_support import FakeClock, open_manual, whole_log
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import interceptors
 import walsvc
 from interceptors import TimetickSync
-from walsvc import DeliverPolicy, HybridClock, ImmutableMessage, Message, MessageType
+from walsvc import DeliverPolicy, ImmutableMessage, Message, MessageType
 
 _faulty.register()
 
@@ -53,28 +52,9 @@ ops = st.lists(
 groups = st.lists(st.integers(1, 4), min_size=40, max_size=40)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-
-async def _open(url: str, clock: _Clock) -> walsvc.WAL:
-    wal = await walsvc.open_wal(
-        url,
-        "p",
-        timetick_allocator=HybridClock(now_ms=clock),
-        interceptors=interceptors.default_chain(sync_interval=None),
-    )
-    await wal.wait_ready()
-    return wal
-
-
 async def _run(url: str, program: list[tuple[str, Any]], sizes: list[int]) -> None:
-    clock = _Clock()
-    wal = await _open(url, clock)
+    clock = FakeClock()
+    wal = await open_manual(url, clock, pchannel="p")
     txns: dict[int, walsvc.Txn] = {}
 
     async def one(op: str, arg: Any) -> None:
@@ -116,7 +96,7 @@ async def _run(url: str, program: list[tuple[str, Any]], sizes: list[int]) -> No
                 concurrent = []
                 await wal.aclose()
                 clock.ms += arg  # the wall clock may step back across a restart
-                wal = await _open(url, clock)
+                wal = await open_manual(url, clock, pchannel="p")
                 txns.clear()
             else:
                 concurrent.append(asyncio.ensure_future(one(op, arg)))
@@ -215,14 +195,14 @@ async def test_ticks_and_resume_points_hold_on_file(
 async def test_retried_keys_land_exactly_once(attempts: list[tuple[int, str, bool]]) -> None:
     name = uuid.uuid4().hex
     url = f"{_faulty.SCHEME}://{name}"
-    clock = _Clock()
-    wal = await _open(url, clock)
+    clock = FakeClock()
+    wal = await open_manual(url, clock, pchannel="p")
     acked: dict[str, walsvc.AppendResult] = {}
     try:
         for key_no, fault, restart in attempts:
             if restart:
                 await wal.aclose()
-                wal = await _open(url, clock)
+                wal = await open_manual(url, clock, pchannel="p")
             key = walsvc.producer_key("producer", key_no)
             _faulty.FaultyBackend.faults["p"] = [fault]
             try:

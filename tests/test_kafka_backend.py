@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from _store_support import store_round_trip
 from _tansu import start_tansu, tansu_url
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -448,22 +449,7 @@ async def test_subscription_store_round_trip(tansu_url: str) -> None:
     async with await walsvc.open_wal(tansu_url, pchannel, interceptors=[]) as wal:
         store = wal._backend.subscriptions()
         assert store is wal._backend.subscriptions()
-        assert await store.names() == []
-        assert await store.load("a") is None
-        await store.save("a", checkpoint(7, 100))
-        await store.save("b", checkpoint(None, 5))
-        await store.save("a", checkpoint(9, 120))
-        assert await store.load("a") == checkpoint(9, 120)
-        assert await store.load("b") == checkpoint(None, 5)
-        assert await store.names() == ["a", "b"]
-        await store.delete("a")
-        await store.delete("never-saved")
-        assert await store.load("a") is None
-        assert await store.names() == ["b"]
-        await store.save("a", checkpoint(3, 50))
-        assert await store.load("a") == checkpoint(3, 50)
-        with pytest.raises(walsvc.InvalidArgument):
-            await store.load(".hidden")
+        await store_round_trip(store, KafkaMessageId(7), KafkaMessageId(9))
 
 
 async def test_subscriptions_are_consumer_groups_with_lag(tansu_url: str) -> None:

@@ -58,15 +58,14 @@ import _faulty
 import msgspec
 import pytest
 import uvloop
-from _chain_support import whole_log
+from _chain_support import FakeClock, open_manual, whole_log
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import interceptors
 import scanners
 import walsvc
 from interceptors import TimetickSync
-from walsvc import DeliverPolicy, HybridClock, ImmutableMessage, Message, MessageType
+from walsvc import DeliverPolicy, ImmutableMessage, Message, MessageType
 from walsvc._subscriptions import FileSubscriptionStore, SubscriptionStore
 
 _VCHANNELS: Final = ("v1", "v2", "")
@@ -160,14 +159,6 @@ def _register_faulty() -> None:
 
 
 _register_faulty()
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 # ---------------------------------------------------------------------------------------
@@ -354,7 +345,7 @@ class _Run:
         self.url = url
         self.workload = workload
         self.tally = tally
-        self.clock = _Clock()
+        self.clock = FakeClock()
         self.wal: walsvc.WAL | None = None
         self.txns: dict[int, walsvc.Txn] = {}
         self.readers: list[_Reader] = []
@@ -371,16 +362,13 @@ class _Run:
 
     async def _open(self, cache: int) -> walsvc.WAL:
         max_bytes, max_age = _CACHES[cache]
-        wal = await walsvc.open_wal(
+        return await open_manual(
             self.url,
-            "p",
-            timetick_allocator=HybridClock(now_ms=self.clock),
-            interceptors=interceptors.default_chain(sync_interval=None),
+            self.clock,
+            pchannel="p",
             tail_cache_bytes=max_bytes,
             tail_cache_age=max_age,
         )
-        await wal.wait_ready()
-        return wal
 
     async def _start_session(self, session: tuple[int, bool]) -> walsvc.WAL:
         cache, tailing = session
@@ -768,12 +756,12 @@ async def _next(scanner: walsvc.Scanner) -> ImmutableMessage:
 
 
 async def _idle_tick_then_restart(
-    url: str, clock: _Clock, subscription: str | None
+    url: str, clock: FakeClock, subscription: str | None
 ) -> tuple[ImmutableMessage, walsvc.WAL]:
     """A writer appends, persists a TimeTick, then publishes an idle tick that a scanner
     (of ``subscription``, which acks it) receives; then the writer closes and a new one
     opens in the same millisecond (or on a clock a little behind: another node)."""
-    wal = await _open_for_test(url, clock)
+    wal = await open_manual(url, clock, pchannel="p")
     sync = next(m for m in wal.interceptors if isinstance(m, TimetickSync))
     await wal.append(Message(payload=b"a", vchannel="v1"))
     await sync.sync_once()  # persists a TimeTick
@@ -792,18 +780,7 @@ async def _idle_tick_then_restart(
         if subscription is not None:
             await scanner.ack(idle)
     await wal.aclose()
-    return idle, await _open_for_test(url, clock)
-
-
-async def _open_for_test(url: str, clock: _Clock) -> walsvc.WAL:
-    wal = await walsvc.open_wal(
-        url,
-        "p",
-        timetick_allocator=HybridClock(now_ms=clock),
-        interceptors=interceptors.default_chain(sync_interval=None),
-    )
-    await wal.wait_ready()
-    return wal
+    return idle, await open_manual(url, clock, pchannel="p")
 
 
 async def test_an_acked_idle_tick_does_not_make_the_subscription_skip_the_next_writer() -> None:
@@ -812,7 +789,7 @@ async def test_an_acked_idle_tick_does_not_make_the_subscription_skip_the_next_w
     or below an idle tick a reader acked; the subscription then resumed above the idle
     tick and skipped them."""
     url = f"memory://{uuid.uuid4().hex}"
-    idle, wal = await _idle_tick_then_restart(url, _Clock(), "s")
+    idle, wal = await _idle_tick_then_restart(url, FakeClock(), "s")
     async with wal:
         assert (await wal.latest_message_id()) is not None
         opening = (await whole_log(url, "p"))[-1]
@@ -830,7 +807,7 @@ async def test_resuming_from_an_idle_ticks_checkpoint_after_a_restart_skips_noth
     first messages when their ticks are at or below the idle tick (a restart within the
     same millisecond, or a new writer whose clock is a little behind)."""
     url = f"memory://{uuid.uuid4().hex}"
-    idle, wal = await _idle_tick_then_restart(url, _Clock(), None)
+    idle, wal = await _idle_tick_then_restart(url, FakeClock(), None)
     async with wal:
         opening = (await whole_log(url, "p"))[-1]
         await wal.append(Message(payload=b"b", vchannel="v1"))

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from _store_support import store_round_trip
 
 import walsvc
 from walsvc import (
@@ -78,30 +79,9 @@ async def _until(condition: Callable[[], bool], within: float = 5) -> None:
 async def test_round_trip_names_and_delete(wal: walsvc.WAL) -> None:
     store = wal.backend.subscriptions()
     assert store is wal.backend.subscriptions(), "one store per backend"
-    assert await store.names() == []
-    assert await store.load("reader") is None
-
     first = await wal.append(Message(payload=b"1", vchannel="v"))
     second = await wal.append(Message(payload=b"2", vchannel="v"))
-    one = Checkpoint(first.last_confirmed_id, first.timetick)
-    two = Checkpoint(second.last_confirmed_id, second.timetick)
-    await store.save("reader", one)
-    await store.save("b.reader", Checkpoint(None, 7))
-    await store.save("a" * 200, two)
-    assert await store.load("reader") == one
-    await store.save("reader", two)  # replaces
-    assert await store.load("reader") == two
-    assert await store.load("b.reader") == Checkpoint(None, 7)
-    assert await store.load("a" * 200) == two
-    assert await store.names() == ["a" * 200, "b.reader", "reader"]
-
-    await store.delete("reader")
-    await store.delete("reader")  # idempotent
-    await store.delete("never-saved")
-    assert await store.load("reader") is None
-    assert await store.names() == ["a" * 200, "b.reader"]
-    with pytest.raises(TypeError):
-        await store.save("reader", "1@memory:0")  # type: ignore[arg-type]
+    await store_round_trip(store, first.message_id, second.message_id)
 
 
 async def test_checkpoints_survive_reopening_the_wal(url: str) -> None:

@@ -1,0 +1,40 @@
+"""The round trip every ``SubscriptionStore`` passes, whatever keeps its checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+import walsvc
+from walsvc import Checkpoint, MessageId
+from walsvc._subscriptions import SubscriptionStore
+
+__all__ = ("store_round_trip",)
+
+
+async def store_round_trip(store: SubscriptionStore, first: MessageId, second: MessageId) -> None:
+    """Save, replace, load, list and delete on an empty ``store``; ``first`` < ``second``
+    are ids of its pchannel. Leaves "b.reader" and "a" * 200 stored."""
+    one, two = Checkpoint(first, 100), Checkpoint(second, 120)
+    assert await store.names() == []
+    assert await store.load("reader") is None
+    await store.save("reader", one)
+    await store.save("b.reader", Checkpoint(None, 7))
+    await store.save("a" * 200, two)
+    assert await store.load("reader") == one
+    await store.save("reader", two)  # replaces
+    assert await store.load("reader") == two
+    assert await store.load("b.reader") == Checkpoint(None, 7)
+    assert await store.load("a" * 200) == two
+    assert await store.names() == ["a" * 200, "b.reader", "reader"]
+    await store.delete("reader")
+    await store.delete("reader")  # idempotent
+    await store.delete("never-saved")
+    assert await store.load("reader") is None
+    assert await store.names() == ["a" * 200, "b.reader"]
+    await store.save("reader", one)  # a deleted name can be saved again
+    assert await store.load("reader") == one
+    await store.delete("reader")
+    with pytest.raises(walsvc.InvalidArgument):
+        await store.load(".hidden")
+    with pytest.raises(TypeError):
+        await store.save("reader", "1@memory:0")  # type: ignore[arg-type]
