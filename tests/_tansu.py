@@ -4,7 +4,9 @@ The launcher lives in ``walsvc.testing._tansu`` (benchmarks use it too); this mo
 holds the pytest side:
 
 ``tansu_url`` (session): one broker for the whole run, as ``kafka://127.0.0.1:PORT``.
-``start_tansu()``: a broker of one's own (fault tests pause it), stopped by the caller.
+``paused_broker``: a broker of the test's own (fault tests pause it).
+``start_tansu()``: a broker of one's own, stopped by the caller. And the helpers the Kafka
+test modules share.
 A broker that cannot start FAILS the test with its stderr; it never skips.
 
 Deviation (named): this Tansu build keeps data in memory only, so a stopped broker loses
@@ -14,14 +16,29 @@ kill and restart.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
+import walsvc
+from walsvc import MessageType
 from walsvc.testing import _tansu
 from walsvc.testing._tansu import TansuBroker
 
-__all__ = ("TansuBroker", "start_tansu", "tansu_url")
+__all__ = (
+    "HANG",
+    "TansuBroker",
+    "fresh",
+    "paused_broker",
+    "servers",
+    "start_tansu",
+    "take_inserts",
+    "tansu_url",
+)
+
+HANG = 30.0  # a guard against hangs, never an assertion about speed
 
 
 def start_tansu() -> TansuBroker:
@@ -41,3 +58,34 @@ def tansu_url() -> Iterator[str]:
         yield broker.url
     finally:
         broker.stop()
+
+
+@pytest.fixture
+async def paused_broker() -> AsyncIterator[TansuBroker]:
+    """A broker of the test's own, which the test may pause and resume."""
+    broker = start_tansu()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def fresh() -> str:
+    """A new pchannel name."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def servers(url: str) -> str:
+    """The bootstrap servers of a ``kafka://`` URL."""
+    return url.removeprefix("kafka://")
+
+
+async def take_inserts(scanner: walsvc.Scanner, count: int) -> AsyncIterator[Any]:
+    """The next ``count`` INSERT messages of ``scanner``."""
+    taken = 0
+    async for message in scanner:
+        if message.type is MessageType.INSERT:
+            yield message
+            taken += 1
+            if taken == count:
+                return

@@ -4,35 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pytest
-from _pulsar_lite import PulsarLite, pulsar_lite_broker
-from _store_support import store_round_trip
+from _pulsar_lite import (
+    HANG,
+    PulsarLite,
+    backend_of,
+    broker,
+    client_logger,
+    data,
+    own_broker,
+    pchannel,
+    raw_payloads,
+    read_labels,
+    take_data,
+)
 from pulsar import _pulsar
 
 import walsvc
-from walsvc import DeliverPolicy, Filter, Message, MessageType
+from walsvc import DeliverPolicy, Filter, Message
 from walsvc.backends import BackendScanner
-from walsvc.backends._pulsar import PulsarBackend, PulsarMessageId
-from walsvc.backends._pulsar._subscriptions import PulsarSubscriptionStore
+from walsvc.backends._pulsar import PulsarMessageId
 from walsvc.testing import check_backend
 
 Opener = Callable[..., Awaitable[walsvc.WAL]]
 
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarLite]:
-    """One Pulsar Lite broker for the module's tests (each test uses fresh pchannels)."""
-    with pulsar_lite_broker(tmp_path_factory.mktemp("pulsar-lite")) as started:
-        yield started
+# Fixtures imported from the helper module (pytest finds them by name here).
+__all__ = ("broker", "own_broker")
 
 
 def opener(url: str, **options: Any) -> Opener:
@@ -46,70 +50,6 @@ async def test_conformance(broker: PulsarLite) -> None:
     """The whole battery, durable subscriptions included (truncation is refused: see
     ``test_truncation_step``)."""
     await check_backend(opener(broker.url), message_count=100, pchannels=2, truncation=False)
-
-
-# ---------------------------------------------------------------------------------------
-# Helpers
-
-_HANG = 60.0  # a guard against hangs, never a timing assertion
-
-
-def pchannel() -> str:
-    return f"p-{uuid.uuid4().hex[:12]}"
-
-
-def data(label: str, i: int, **properties: str) -> Message:
-    return Message(
-        payload=f"{label}:{i}".encode(),
-        vchannel="v",
-        properties={"n": f"{label}:{i}", **properties},
-    )
-
-
-async def read_labels(url: str, pch: str, deliver: DeliverPolicy, count: int) -> list[str]:
-    """The ``n`` property of the first ``count`` data messages a fresh read-only WAL
-    delivers from ``deliver``, then checks that nothing more arrives for a moment."""
-    out: list[str] = []
-    async with await walsvc.open_wal(url, pch, read_only=True) as wal:
-        async with wal.read(deliver, raw=True, use_cache=False) as scanner:
-            async with asyncio.timeout(_HANG):
-                while len(out) < count:
-                    message = await anext(scanner)
-                    if message.type is MessageType.INSERT:
-                        out.append(message.properties["n"])
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.3):
-                    while True:
-                        message = await anext(scanner)
-                        if message.type is MessageType.INSERT:
-                            out.append(message.properties["n"])
-    return out
-
-
-async def raw_payloads(url: str, topic: str) -> list[bytes]:
-    """Every message's data in ``topic``, read with a plain Pulsar reader."""
-    client = pulsar_asyncio.Client(url, logger=_quiet_logger())
-    out: list[bytes] = []
-    try:
-        async with asyncio.timeout(_HANG):
-            reader = await client.create_reader(topic, pulsar.MessageId.earliest)
-            while await reader.has_message_available():
-                out.append((await reader.read_next()).data())
-    finally:
-        await client.close()
-    return out
-
-
-def _quiet_logger() -> logging.Logger:
-    logger = logging.getLogger("tests.pulsar")
-    logger.setLevel(logging.CRITICAL)
-    return logger
-
-
-def backend_of(wal: walsvc.WAL) -> PulsarBackend:
-    backend = wal._backend
-    assert isinstance(backend, PulsarBackend)
-    return backend
 
 
 # ---------------------------------------------------------------------------------------
@@ -159,7 +99,7 @@ async def test_bad_url() -> None:
 
 async def test_unreachable_broker_is_unavailable_within_connect_timeout() -> None:
     with socket_closed_port() as port:
-        async with asyncio.timeout(_HANG):
+        async with asyncio.timeout(HANG):
             with pytest.raises(walsvc.BackendUnavailable):
                 await walsvc.open_wal(f"pulsar://127.0.0.1:{port}", "p", connect_timeout=0.5)
             with pytest.raises(walsvc.BackendUnavailable):
@@ -206,7 +146,7 @@ async def test_truncation_step(broker: PulsarLite) -> None:
     " start_message_id_inclusive=True does not deliver the topic's last message",
 )
 async def test_reader_at_latest_inclusive_gets_the_last_message(broker: PulsarLite) -> None:
-    client = pulsar_asyncio.Client(broker.url, logger=_quiet_logger())
+    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
     topic = f"persistent://public/default/latest-{uuid.uuid4().hex}"
     try:
         producer = await client.create_producer(topic)
@@ -270,7 +210,7 @@ async def test_redelivered_messages_are_dropped() -> None:
     " a topic without entries fail with UnknownError instead of answering False (-1:-1)",
 )
 async def test_an_empty_topic_has_no_message_available(broker: PulsarLite) -> None:
-    client = pulsar_asyncio.Client(broker.url, logger=_quiet_logger())
+    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
     topic = f"persistent://public/default/empty-{uuid.uuid4().hex}"
     try:
         reader = await client.create_reader(topic, pulsar.MessageId.earliest)
@@ -285,7 +225,7 @@ async def test_a_cancelled_fetch_loses_nothing(broker: PulsarLite) -> None:
         scanner = backend_of(wal).read(DeliverPolicy.all(), Filter.everything())
         got: list[walsvc.MessageId] = []
         try:
-            async with asyncio.timeout(_HANG):
+            async with asyncio.timeout(HANG):
                 cancelled = 0
                 while len(got) < len(sent):
                     fetch = asyncio.ensure_future(scanner.next_batch())
@@ -310,7 +250,7 @@ async def test_foreign_messages_are_corrupt_records(broker: PulsarLite) -> None:
     async with await walsvc.open_wal(broker.url, pch) as wal:
         topic = backend_of(wal).topic
         newest = (await wal.append(data("d", 0))).message_id
-    client = pulsar_asyncio.Client(broker.url, logger=_quiet_logger())
+    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
     try:
         producer = await client.create_producer(topic)
         await producer.send(b"not a walsvc record", properties={"walsvc.h": "short"})
@@ -319,7 +259,7 @@ async def test_foreign_messages_are_corrupt_records(broker: PulsarLite) -> None:
     async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
         scanner = backend_of(reader).read(DeliverPolicy.all(), Filter.everything())
         try:
-            async with asyncio.timeout(_HANG):
+            async with asyncio.timeout(HANG):
                 with pytest.raises(walsvc.CorruptRecord):
                     await _fetch_until_error(scanner)
         finally:
@@ -343,7 +283,7 @@ async def _fetch_until_error(scanner: BackendScanner) -> None:
     " not enforced (the older producer keeps sending)",
 )
 async def test_broker_fences_an_exclusive_producer(broker: PulsarLite) -> None:
-    client = pulsar_asyncio.Client(broker.url, logger=_quiet_logger())
+    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
     topic = f"persistent://public/default/exclusive-{uuid.uuid4().hex}"
     mode = pulsar_asyncio.ProducerAccessMode.ExclusiveWithFencing
     try:
@@ -381,20 +321,10 @@ async def test_old_writer_acked_delivered_fenced_not(broker: PulsarLite) -> None
             expected = ["old:0", "old:1", "old:2", "new:0", "new:1"]
             assert await read_labels(broker.url, pch, DeliverPolicy.all(), 5) == expected
             async with new.read(DeliverPolicy.all()) as scanner:  # the full pipeline too
-                seen = [m.properties["n"] async for m in _take_data(scanner, 5)]
+                seen = [m.properties["n"] async for m in take_data(scanner, 5)]
             assert seen == expected
     finally:
         await old.aclose()
-
-
-async def _take_data(scanner: walsvc.Scanner, count: int) -> AsyncIterator[walsvc.ImmutableMessage]:
-    taken = 0
-    async with asyncio.timeout(_HANG):
-        while taken < count:
-            message = await anext(scanner)
-            if message.type is MessageType.INSERT:
-                taken += 1
-                yield message
 
 
 async def test_a_straggler_before_the_new_writers_group_is_skipped(broker: PulsarLite) -> None:
@@ -484,7 +414,7 @@ async def test_takeover_race_readers_see_exactly_the_acked(broker: PulsarLite) -
                 result = await new.append(data("new", i, n=f"new:{i}"))
                 assert isinstance(result.message_id, PulsarMessageId)
                 acked.append((result.message_id, f"new:{i}"))
-            async with asyncio.timeout(_HANG):
+            async with asyncio.timeout(HANG):
                 await asyncio.gather(*tasks)  # every old producer ends fenced
         finally:
             stop.set()
@@ -518,13 +448,6 @@ async def test_a_lone_writer_never_reads_to_check_its_groups(broker: PulsarLite)
 # Faults: the broker stops and restarts mid-stream
 
 
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[PulsarLite]:
-    """A broker of the test's own, which the test may stop and restart."""
-    with pulsar_lite_broker(tmp_path) as started:
-        yield started
-
-
 async def test_broker_restart_mid_stream(own_broker: PulsarLite) -> None:
     """Appends during the outage fail (typed, or by the caller's deadline); after the
     restart every key is retried until it succeeds, reopening the WAL when dedup blocked
@@ -554,19 +477,19 @@ async def test_broker_restart_mid_stream(own_broker: PulsarLite) -> None:
 
     try:
         for i in range(20):
-            assert await append(i, _HANG) == "ok"
+            assert await append(i, HANG) == "ok"
         own_broker.stop()
         outage_outcomes = [await append(i, 1.0) for i in range(20, 25)]
         own_broker.start()
         for i in [*range(20, 25), 0, 5, 19]:
-            async with asyncio.timeout(_HANG):
+            async with asyncio.timeout(HANG):
                 while (outcome := await append(i, 10.0)) != "ok":
                     if outcome == "AppendOutcomeUnknown":  # the key is blocked: reopen
                         await wals[-1].aclose()
                         wals.append(await walsvc.open_wal(url, pch, operation_timeout=5.0))
                     await asyncio.sleep(0.05)
         for i in range(25, 35):
-            assert await append(i, _HANG) == "ok"
+            assert await append(i, HANG) == "ok"
     finally:
         for wal in wals:
             await wal.aclose()
@@ -582,11 +505,11 @@ async def test_reader_resumes_from_a_checkpoint_without_gap(own_broker: PulsarLi
         for i in range(30):
             await wal.append(data("c", i))
         async with wal.read(DeliverPolicy.all()) as scanner:
-            first = [m async for m in _take_data(scanner, 12)]
+            first = [m async for m in take_data(scanner, 12)]
         checkpoint = first[-1].checkpoint
         own_broker.restart()
         for i in range(30, 40):
-            async with asyncio.timeout(_HANG):
+            async with asyncio.timeout(HANG):
                 while True:
                     try:
                         await wal.append(data("c", i))
@@ -595,187 +518,9 @@ async def test_reader_resumes_from_a_checkpoint_without_gap(own_broker: PulsarLi
                         await asyncio.sleep(0.1)
     async with await walsvc.open_wal(own_broker.url, pch, read_only=True) as reader:
         async with reader.read(DeliverPolicy.from_checkpoint(checkpoint)) as scanner:
-            rest = [m async for m in _take_data(scanner, 28)]
+            rest = [m async for m in take_data(scanner, 28)]
     labels = [m.properties["n"] for m in first + rest]
     assert labels == [f"c:{i}" for i in range(40)]
-
-
-# ---------------------------------------------------------------------------------------
-# Durable subscriptions: the topic <topic_prefix>_sub.<P>
-
-
-def checkpoint(entry: int | None, tick: int) -> walsvc.Checkpoint:
-    return walsvc.Checkpoint(None if entry is None else PulsarMessageId(1, entry), tick)
-
-
-def store_of(wal: walsvc.WAL) -> PulsarSubscriptionStore:
-    store = backend_of(wal).subscriptions()
-    assert isinstance(store, PulsarSubscriptionStore)
-    return store
-
-
-async def test_subscription_store_round_trip(broker: PulsarLite) -> None:
-    async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
-        store = store_of(wal)
-        assert store is backend_of(wal).subscriptions()
-        assert store.topic == f"persistent://public/default/walsvc._sub.{wal.pchannel}"
-        # Starts before the topic even exists.
-        await store_round_trip(store, PulsarMessageId(1, 7), PulsarMessageId(1, 9))
-        await store.save("a", checkpoint(3, 50))
-        await store.save("b", checkpoint(None, 5))
-        # A second store (another WAL on the pchannel) sees the same, read from scratch.
-        async with await walsvc.open_wal(broker.url, wal.pchannel, read_only=True) as other:
-            assert await store_of(other).names() == ["a", "a" * 200, "b", "b.reader"]
-            assert await store_of(other).load("a") == checkpoint(3, 50)
-            await store_of(other).save("b", checkpoint(4, 60))
-        assert await store.load("b") == checkpoint(4, 60)  # read incrementally
-
-
-async def test_checkpoint_survives_reopening_and_a_broker_restart(own_broker: PulsarLite) -> None:
-    pch = pchannel()
-    async with await walsvc.open_wal(own_broker.url, pch, interceptors=[]) as wal:
-        await store_of(wal).save("s", checkpoint(11, 200))
-        await store_of(wal).save("gone", checkpoint(1, 1))
-        await store_of(wal).delete("gone")
-    own_broker.restart()
-    for read_only in (True, False):
-        async with asyncio.timeout(_HANG):
-            while True:  # the first calls after the restart may find it still starting
-                try:
-                    wal = await walsvc.open_wal(
-                        own_broker.url, pch, read_only=read_only, interceptors=[]
-                    )
-                    break
-                except walsvc.BackendUnavailable:
-                    await asyncio.sleep(0.1)
-        async with wal:
-            store = store_of(wal)
-            assert await store.load("s") == checkpoint(11, 200)
-            assert await store.names() == ["s"]
-    with pytest.raises(walsvc.WALClosed):
-        await store.load("s")
-    with pytest.raises(walsvc.WALClosed):
-        await store.save("s", checkpoint(12, 201))
-    with pytest.raises(walsvc.WALClosed):
-        backend_of(wal).subscriptions()
-
-
-async def test_stopped_broker_makes_subscription_calls_backend_unavailable(
-    own_broker: PulsarLite,
-) -> None:
-    async with await walsvc.open_wal(
-        own_broker.url, pchannel(), interceptors=[], operation_timeout=1.0
-    ) as wal:
-        store = store_of(wal)
-        await store.save("s", checkpoint(1, 1))
-        own_broker.stop()
-        for call in (
-            lambda: store.save("s", checkpoint(2, 2)),
-            lambda: store.load("s"),
-            lambda: store.names(),
-            lambda: store.delete("s"),
-        ):
-            with pytest.raises(walsvc.BackendUnavailable):
-                async with asyncio.timeout(_HANG):
-                    await call()
-        own_broker.start()
-        async with asyncio.timeout(_HANG):
-            while True:  # the client reconnects; a first call may still fail retriably
-                try:
-                    assert await store.load("s") == checkpoint(1, 1)
-                    break
-                except walsvc.BackendUnavailable:
-                    await asyncio.sleep(0.1)
-
-
-async def _raw_subscription_message(
-    url: str, topic: str, key: str, value: bytes, properties: dict[str, str] | None = None
-) -> None:
-    client = pulsar_asyncio.Client(url, logger=_quiet_logger())
-    try:
-        async with asyncio.timeout(_HANG):
-            producer = await client.create_producer(topic)
-            await producer.send(value, properties=properties, partition_key=key)
-    finally:
-        await client.close()
-
-
-async def test_damaged_checkpoint_is_corrupt(broker: PulsarLite) -> None:
-    async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
-        await wal.append(data("x", 0))
-        store = store_of(wal)
-        await store.save("s", checkpoint(3, 30))
-        await store.save("ok", checkpoint(3, 30))
-        value = next(v for v in await raw_payloads(broker.url, store.topic) if v)
-        assert value[:4] == b"WSUB"
-        damaged = bytearray(value)
-        damaged[-1] ^= 0x01  # one bit of the checkpoint text
-        await _raw_subscription_message(broker.url, store.topic, "s", bytes(damaged))
-        with pytest.raises(walsvc.CorruptRecord, match="CRC32C"):
-            await store.load("s")
-        assert await store.load("ok") == checkpoint(3, 30)
-        async with wal.read(subscription="s") as scanner:
-            with pytest.raises(walsvc.CorruptRecord, match="CRC32C"):
-                async with asyncio.timeout(_HANG):
-                    await anext(scanner)
-        await _raw_subscription_message(broker.url, store.topic, "../x", b"junk")
-        with pytest.raises(walsvc.CorruptRecord, match="not a walsvc subscription record"):
-            await store.names()
-
-
-async def test_subscription_resumes_after_the_last_ack_in_a_new_wal(broker: PulsarLite) -> None:
-    pch = pchannel()
-    async with await walsvc.open_wal(broker.url, pch) as wal:
-        sent = [await wal.append(data("m", i)) for i in range(10)]
-        async with wal.read(subscription="s", checkpoint_interval=0) as scanner:
-            first = [m async for m in _take_data(scanner, 4)]
-            for message in first:
-                await scanner.ack(message)
-        assert [m.properties["n"] for m in first] == [f"m:{i}" for i in range(4)]
-    async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
-        assert await store_of(reader).load("s") == first[-1].checkpoint
-        async with reader.read(subscription="s") as scanner:
-            rest = [m async for m in _take_data(scanner, 6)]
-        assert [m.properties["n"] for m in rest] == [f"m:{i}" for i in range(4, 10)]
-        assert rest[-1].message_id == sent[-1].message_id
-
-
-async def test_one_scanner_per_subscription_in_the_process(broker: PulsarLite) -> None:
-    pch = pchannel()
-    async with await walsvc.open_wal(broker.url, pch) as wal:
-        async with await walsvc.open_wal(broker.url, pch, read_only=True) as other:
-            async with wal.read(subscription="s"):
-                with pytest.raises(walsvc.SubscriptionBusy):
-                    wal.read(subscription="s")
-                with pytest.raises(walsvc.SubscriptionBusy):  # another WAL, same pchannel
-                    other.read(subscription="s")
-            async with other.read(subscription="s"):  # released on close
-                pass
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Pulsar Lite deviation: a second consumer on an Exclusive subscription is not"
-    " answered with ConsumerBusy; the broker drops the connection and the client retries"
-    " until its operation timeout (Result.Timeout)",
-)
-async def test_a_second_exclusive_consumer_is_refused_as_busy(broker: PulsarLite) -> None:
-    topic = f"persistent://public/default/claim-{uuid.uuid4().hex}"
-    first = pulsar_asyncio.Client(broker.url, logger=_quiet_logger())
-    second = pulsar_asyncio.Client(broker.url, logger=_quiet_logger(), operation_timeout_seconds=1)
-    try:
-        async with asyncio.timeout(_HANG):
-            holder = await first.subscribe(
-                topic, "claim", consumer_type=pulsar.ConsumerType.Exclusive
-            )
-            with pytest.raises(pulsar_asyncio.PulsarException) as refused:
-                await second.subscribe(topic, "claim", consumer_type=pulsar.ConsumerType.Exclusive)
-        assert refused.value.error() == pulsar.Result.ConsumerBusy
-        await holder.close()
-    finally:
-        await first.close()
-        await second.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -818,7 +563,7 @@ class _LateSends:
 
             self.real._producer.send_async(message, callback)
             self.real._producer.flush_async(lambda result: None)
-            async with asyncio.timeout(_HANG):
+            async with asyncio.timeout(HANG):
                 assert await done == _pulsar.Result.Ok
         self.held = []
 

@@ -182,7 +182,8 @@ class KafkaSubscriptionStore(SubscriptionStore):
                 )
         except (TimeoutError, KafkaError) as exc:
             raise BackendUnavailable(
-                f"cannot write the checkpoint of subscription {name!r} to {self.topic}: {exc!r}"
+                f"cannot write the checkpoint of subscription {name!r} to {self.topic}"
+                f" ({exc!r}); the producer may still deliver it once the broker answers"
             ) from exc
 
     async def _ensure_topic(self) -> None:
