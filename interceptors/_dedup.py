@@ -118,7 +118,9 @@ class Dedup:
     def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> Awaitable[list[AppendResult]]:
-        """A batch with keys goes one message at a time; a batch without passes through."""
+        """A batch without keys passes through. A batch with keys is answered from the
+        window where it can be, and the rest is appended as one batch; if a key of it is
+        in flight in another append (or twice in the batch), it goes one at a time."""
         if all(m.idempotency_key is None for m in messages):
             return call_next(messages)
         return self._keyed_batch(messages, call_next)
@@ -126,11 +128,81 @@ class Dedup:
     async def _keyed_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> list[AppendResult]:
+        window = self._window
+        keys = [
+            None if m.idempotency_key is None else (m.vchannel, m.idempotency_key) for m in messages
+        ]
+        claimed = [k for k in keys if k is not None]
+        if len(set(claimed)) != len(claimed) or any(
+            (entry := window.get(k)) is not None and entry.result is None for k in claimed
+        ):
+            return await self._one_at_a_time(messages, call_next)
+        results: list[AppendResult | None] = [
+            None if k is None or k not in window else window[k].result for k in keys
+        ]
+        fresh = [i for i, r in enumerate(results) if r is None]
+        if not fresh:
+            return [r for r in results if r is not None]
+        context = self._context
+        assert context is not None, "appends wait for ready()"
+        entries = {}
+        for i in fresh:
+            key = keys[i]
+            if key is not None:
+                entries[key] = window[key] = _Entry()
+        floor = context.last_confirmed_id()  # at or before where the batch will land
+        try:
+            appended = await call_next([messages[i] for i in fresh])
+        except AppendOutcomeUnknown as exc:
+            # Each key is looked up in the log: found ones answer, the rest are released.
+            found = {
+                key: await self._resolve_or_none(key, entry, floor, exc)
+                for key, entry in entries.items()
+            }
+            if len(found) < len(fresh) or any(r is None for r in found.values()):
+                raise  # a retry appends what is missing and is answered for the rest
+            appended = [r for r in found.values() if r is not None]  # fresh order
+        except asyncio.CancelledError:
+            for key, entry in entries.items():
+                task = asyncio.ensure_future(self._resolve_quietly(key, entry, floor))
+                task.add_done_callback(_collect)
+            raise
+        except BaseException:
+            for key, entry in entries.items():
+                self._release(key, entry)  # nothing was written
+            raise
+        for i, result in zip(fresh, appended, strict=True):
+            results[i] = result
+            key = keys[i]
+            if key is not None and not entries[key].done.done():
+                entries[key].result = result
+                entries[key].done.set_result(None)
+        self._evict()
+        return [r for r in results if r is not None]
+
+    async def _one_at_a_time(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
         async def one(message: Message) -> AppendResult:
             (result,) = await call_next((message,))
             return result
 
         return [await self.do_append(m, one) for m in messages]
+
+    async def _resolve_or_none(
+        self,
+        key: tuple[str, str],
+        entry: _Entry,
+        floor: MessageId | None,
+        error: AppendOutcomeUnknown,
+    ) -> AppendResult | None:
+        """``_resolve`` for one key of an ambiguous batch: None if it was not found."""
+        try:
+            return await self._resolve(key, entry, floor, error)
+        except AppendOutcomeUnknown as exc:
+            if exc is error:
+                return None
+            raise
 
     async def _keyed(
         self, message: Message, key: tuple[str, str], call_next: AppendNext
