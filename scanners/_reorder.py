@@ -59,6 +59,18 @@ class ReorderBuffer:
             return batch
         return self._push_held(batch)
 
+    def admit(self, timetick: int, term: int) -> bool:
+        """For a reader that checks raw headers instead of pushing messages (ordered
+        buffers only): True, and remembered as released, if a message with these fields
+        would pass; False otherwise, and nothing changes (push that message to have it
+        rejected, counted and logged)."""
+        if not self._ordered:
+            raise ValueError("admit is for ordered reorder buffers")
+        if term < self._term or timetick <= self._released:
+            return False
+        self._released, self._term = timetick, term
+        return True
+
     def _push_checked(self, batch: Sequence[ImmutableMessage]) -> list[ImmutableMessage]:
         out = []
         for message in batch:

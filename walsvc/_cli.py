@@ -7,6 +7,8 @@ It prints one short line per step, with throughput and ack latency.
 
 Exit status: 0 when everything verified, 1 when a check failed, 2 for bad usage or a
 ``walsvc.WALError`` (printed as ``error: <message>``, without a traceback), 130 on Ctrl-C.
+
+``walsvc flush`` runs the flush job WAL -> Parquet on Spark (see ``_flush_command``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from . import (
     WALTruncated,
     open_wal,
 )
+from ._cli_args import UsageError, int_at_least
+from ._flush_command import add_flush_parser, run_flush_command
 
 __all__ = ("main",)
 
@@ -54,10 +58,6 @@ _YIELD_EVERY: Final = 256
 _PROGRESS_INTERVAL_S: Final = 0.1
 _LABEL_WIDTH: Final = 6
 _TIMING_WIDTH: Final = 8
-
-
-class _UsageError(Exception):
-    """A demo argument that cannot work; reported like a ``WALError`` (exit status 2)."""
 
 
 class _Failed(Exception):
@@ -94,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error argparse already printed
         return exit_.code if isinstance(exit_.code, int) else 2
+    if args.command == "flush":
+        return run_flush_command(args)
     options = _DemoOptions(
         url=args.url,
         pchannel=args.pchannel,
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _delete_file_log(options.url)
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(_demo(options, loop_name))
-    except (WALError, _UsageError) as exc:
+    except (WALError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -135,20 +137,20 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--url", default="file://walsvc-data", help="WAL URL (%(default)s)")
     demo.add_argument("--pchannel", default="demo-0", help="pchannel to use (%(default)s)")
     demo.add_argument(
-        "--messages", type=_int_at_least(1), default=200_000, help="total (%(default)s)"
+        "--messages", type=int_at_least(1), default=200_000, help="total (%(default)s)"
     )
     demo.add_argument(
         "--producers",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=64,
         help="concurrent producer tasks, each awaiting its own acks (%(default)s)",
     )
     demo.add_argument(
-        "--vchannels", type=_int_at_least(1), default=16, help="vchannels (%(default)s)"
+        "--vchannels", type=int_at_least(1), default=16, help="vchannels (%(default)s)"
     )
     demo.add_argument(
         "--payload-size",
-        type=_int_at_least(_PAYLOAD_HEADER.size),
+        type=int_at_least(_PAYLOAD_HEADER.size),
         default=100,
         help="payload bytes per message (%(default)s)",
     )
@@ -166,20 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress bar"
     )
+    add_flush_parser(commands)
     return parser
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
-        return value
-
-    return parse
 
 
 def _event_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
@@ -195,23 +185,23 @@ def _delete_file_log(url: str) -> None:
     """Delete the directory of a file:// log, refusing anything that is not one."""
     scheme, _, location = url.partition("://")
     if scheme != "file":
-        raise _UsageError(f"--fresh deletes a file:// log's directory; it cannot clear {url}")
+        raise UsageError(f"--fresh deletes a file:// log's directory; it cannot clear {url}")
     root = Path(location).expanduser()  # as the file backend reads it
     try:
         if not root.exists():
             return
         if not root.is_dir():
-            raise _UsageError(f"--fresh: {root} is not a directory; not deleting it")
+            raise UsageError(f"--fresh: {root} is not a directory; not deleting it")
         # A file:// log is a directory of pchannel directories, each with a head file.
         strays = sorted(c.name for c in root.iterdir() if not (c / "head").is_file())
         if strays:
-            raise _UsageError(
+            raise UsageError(
                 f"--fresh: {root} holds {strays[0]!r}, which is not a walsvc pchannel;"
                 " not deleting it"
             )
         shutil.rmtree(root)
     except OSError as exc:
-        raise _UsageError(f"--fresh: cannot delete {root}: {exc}") from exc
+        raise UsageError(f"--fresh: cannot delete {root}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,14 +38,18 @@ __all__ = (
     "HEADER_SIZE",
     "VERSION",
     "EnvelopeHeader",
+    "HeaderColumns",
     "count_run",
     "decode",
+    "decode_columns",
     "decode_run",
     "decode_split",
     "encode",
     "encode_plain",
+    "ext_fields",
     "last_confirmed_ext",
     "last_timetick_of_run",
+    "offset_after",
     "peek",
     "timetick_of",
 )
@@ -256,7 +260,7 @@ def _message(
         if cached is not None and type(cached[0]) is type(message_id):
             last_confirmed, txn = cached
         else:
-            properties, last_confirmed, txn, key = _decode_ext(raw_ext, message_id)
+            properties, last_confirmed, txn, key = _decode_ext(raw_ext, type(message_id))
             if not properties and key is None:
                 # Runs of messages share one last-confirmed id (and a txn's body its
                 # context): decode each distinct ext once.
@@ -281,7 +285,7 @@ _ext_cache: dict[bytes, tuple[MessageId | None, TxnContext | None]] = {}
 
 
 def _decode_ext(
-    raw_ext: bytes, message_id: MessageId
+    raw_ext: bytes, id_class: type[MessageId]
 ) -> tuple[Mapping[str, str], MessageId | None, TxnContext | None, str | None]:
     try:
         ext = _ext_decode(raw_ext)
@@ -294,7 +298,7 @@ def _decode_ext(
             last_confirmed = unmarshal_message_id(ext.last_confirmed)
         except WALError as exc:
             raise CorruptRecord(f"envelope last-confirmed id is not valid: {exc}") from None
-        if type(last_confirmed) is not type(message_id):
+        if type(last_confirmed) is not id_class:
             raise CorruptRecord(
                 f"last-confirmed id {ext.last_confirmed!r} is not an id of this log"
             )
@@ -370,6 +374,113 @@ def decode_run(
         offset += total
         seq += 1
     return out
+
+
+class HeaderColumns:
+    """The header fields of a run of envelopes, one list per field (index i: the i-th
+    envelope of the run): what a column-wise reader needs without building messages.
+    ``exts`` holds each ext section as bytes (``b""``: none; see ``ext_fields``), equal
+    ones of consecutive envelopes as one object;
+    the payload of envelope i is ``data[payload_starts[i]:ends[i]]``."""
+
+    __slots__ = ("ends", "exts", "payload_starts", "terms", "timeticks", "types", "vchannels")
+
+    def __init__(self) -> None:
+        self.types: list[int] = []
+        self.vchannels: list[str] = []
+        self.timeticks: list[int] = []
+        self.terms: list[int] = []
+        self.exts: list[bytes] = []
+        self.payload_starts: list[int] = []
+        self.ends: list[int] = []
+
+
+def decode_columns(
+    data: bytes | memoryview, start: int = 0, end: int | None = None
+) -> HeaderColumns:
+    """Decode the headers of the envelopes laid end to end in ``data[start:end]`` column by
+    column, with the checks of ``decode_run``; payloads are not touched. Raises
+    ``CorruptRecord`` if the run is not a whole number of valid envelopes."""
+    if end is None:
+        end = len(data)
+    columns = HeaderColumns()
+    types, vchannels, ticks = columns.types, columns.vchannels, columns.timeticks
+    terms, exts, payload_starts, ends = (
+        columns.terms,
+        columns.exts,
+        columns.payload_starts,
+        columns.ends,
+    )
+    unpack = _HEADER.unpack_from
+    known_types = _types
+    names: dict[int, tuple[bytes, str]] = {}  # vchannel hash -> (UTF-8 name, name)
+    last_ext = b""
+    offset = start
+    while offset < end:
+        if end - offset < HEADER_SIZE:
+            raise CorruptRecord(f"run ends inside a record header at byte {offset}")
+        version, flags, type_no, total, vc_hash, vc_len, reserved, tick, term, ext_len = unpack(
+            data, offset
+        )
+        record_end = offset + total
+        ext_start = offset + HEADER_SIZE + vc_len
+        payload_start = ext_start + ext_len
+        if (
+            version != VERSION
+            or flags
+            or reserved
+            or total < HEADER_SIZE
+            or record_end > end
+            or payload_start > record_end
+            or type_no not in known_types
+        ):
+            _unpack_header(data, offset, end)  # raises CorruptRecord naming the fault
+        vc = data[offset + HEADER_SIZE : ext_start]
+        seen = names.get(vc_hash)
+        if seen is None or seen[0] != vc:
+            # A run repeats a few vchannels: each is checked in full once per run.
+            seen = (bytes(vc), _unpack_header(data, offset, end)[1])
+            names[vc_hash] = seen
+        types.append(type_no)
+        vchannels.append(seen[1])
+        ticks.append(tick)
+        terms.append(term)
+        if ext_len:
+            ext = data[ext_start:payload_start]
+            if ext != last_ext:  # runs share one ext (last-confirmed id): one copy each
+                last_ext = bytes(ext)
+            exts.append(last_ext)
+        else:
+            exts.append(b"")
+        payload_starts.append(payload_start)
+        ends.append(record_end)
+        offset = record_end
+    return columns
+
+
+def ext_fields(
+    raw_ext: bytes, id_class: type[MessageId]
+) -> tuple[Mapping[str, str], TxnContext | None]:
+    """The properties and transaction context of an ext section (``b""``: none) of a
+    message of a log whose ids are ``id_class``. Raises ``CorruptRecord`` as decoding
+    the whole message would."""
+    if not raw_ext:
+        return _NO_PROPERTIES, None
+    cached = _ext_cache.get(raw_ext)
+    if cached is not None and (cached[0] is None or type(cached[0]) is id_class):
+        return _NO_PROPERTIES, cached[1]
+    properties, last_confirmed, txn, key = _decode_ext(raw_ext, id_class)
+    if not properties and key is None:
+        if len(_ext_cache) >= _CACHE_LIMIT:
+            _ext_cache.clear()
+        _ext_cache[raw_ext] = (last_confirmed, txn)
+    return properties, txn
+
+
+def offset_after(data: bytes | memoryview, count: int, start: int = 0) -> int:
+    """The offset just past ``count`` envelopes laid end to end from ``start`` (or the end
+    of ``data`` if it holds fewer). Raises ``CorruptRecord`` for a bad length."""
+    return _step_over(data, start, len(data), count)
 
 
 def _step_over(data: bytes | memoryview, offset: int, end: int, count: int) -> int:

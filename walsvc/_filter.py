@@ -126,13 +126,17 @@ class Filter:
 
     def admits(self, message: ImmutableMessage) -> bool:
         """The exact test on a decoded message."""
+        return self.admits_fields(message.vchannel, message.type, message.timetick)
+
+    def admits_fields(self, vchannel: str, type_: int, timetick: int) -> bool:
+        """The exact test on a message's vchannel, type and timetick (decoded or not)."""
         vset = self._vchannel_set
-        if vset is not None and message.vchannel not in vset:
+        if vset is not None and vchannel not in vset:
             return False
         types = self.types
-        if types is not None and message.type not in types and message.type not in SYSTEM_TYPES:
+        if types is not None and type_ not in types and type_ not in SYSTEM_TYPES:
             return False
-        return message.timetick >= self.min_timetick
+        return timetick >= self.min_timetick
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Filter):

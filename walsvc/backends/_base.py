@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from .._deliver import DeliverPolicy
 from .._errors import InvalidArgument
@@ -19,7 +19,7 @@ from .._message import ImmutableMessage
 if TYPE_CHECKING:
     from .._subscriptions import SubscriptionStore
 
-__all__ = ("Backend", "BackendScanner")
+__all__ = ("Backend", "BackendScanner", "EnvelopeRun", "RunScanner")
 
 
 class BackendScanner(ABC):
@@ -50,6 +50,29 @@ class BackendScanner(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Stop the scanner; a pending ``next_batch`` raises ``WALClosed``. Idempotent."""
+
+
+class EnvelopeRun(NamedTuple):
+    """Stored envelopes laid end to end in ``data[start:]``; the first has sequence number
+    ``first_seq`` and each next one the next number."""
+
+    first_seq: int
+    data: memoryview
+    start: int
+
+
+class RunScanner(Protocol):
+    """Every record of a log from a start position as runs of raw envelopes, unfiltered
+    and undecoded, in log order (see ``Backend.read_runs``)."""
+
+    async def next_runs(self) -> list[EnvelopeRun]:
+        """The next one or more runs, waiting until there is one. Raises as
+        ``BackendScanner.next_batch`` does."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop the scanner. Idempotent."""
+        ...
 
 
 class Backend(ABC):
@@ -127,6 +150,12 @@ class Backend(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Finish queued appends, stop scanners and release resources. Idempotent."""
+
+    def read_runs(self, deliver: DeliverPolicy) -> RunScanner | None:
+        """Optional: a backend whose ids are sequence numbers and that stores envelopes
+        end to end may return a ``RunScanner`` from ``deliver``, for readers that decode
+        headers column-wise (the Spark source); None (the default) means it does not."""
+        return None
 
     def subscriptions(self) -> SubscriptionStore:
         """The durable store of this pchannel's named subscriptions (their checkpoints),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, TypeVar, final
 
 from ..._deliver import DeliverPolicy
 from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
@@ -30,8 +30,10 @@ from ._directory import LogDirectory, fsync_directory
 from ._head import HeadFile, HeadState
 from ._ids import FileMessageId
 from ._recovery import recover_tail
-from ._scanner import FileScanner
+from ._scanner import FileRunScanner, FileScanner
 from ._writer import GroupCommitWriter
+
+_S = TypeVar("_S", bound=FileScanner)
 
 __all__ = ("FileBackend",)
 
@@ -104,6 +106,13 @@ class FileBackend(Backend):
         return self._writer.submit(records)
 
     def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
+        return self._start_scanner(FileScanner, deliver, selected)
+
+    def read_runs(self, deliver: DeliverPolicy) -> FileRunScanner:
+        """Every record from ``deliver`` as runs of raw envelopes (see ``FileRunScanner``)."""
+        return self._start_scanner(FileRunScanner, deliver, Filter.everything())
+
+    def _start_scanner(self, kind: type[_S], deliver: DeliverPolicy, selected: Filter) -> _S:
         if self._closed:
             raise WALClosed(f"file WAL {self.directory.path} is closed")
         if deliver.kind == "all":
@@ -113,7 +122,7 @@ class FileBackend(Backend):
         else:
             seq = _seq_of(deliver.message_id)
             start = seq if deliver.kind == "start_from" else seq + 1
-        scanner = FileScanner(self, start, selected)
+        scanner = kind(self, start, selected)
         if deliver.kind == "all":
             scanner._deliver_from = self.directory.head.read().first_seq
         self._scanners.add(scanner)

@@ -7,21 +7,21 @@ import asyncio
 import bisect
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..._codec import decode_run
+from ..._codec import decode_run, offset_after
 from ..._errors import CorruptRecord, WALClosed, WALTruncated
 from ..._filter import Filter
 from ..._ids import MessageId
 from ..._message import ImmutableMessage
-from .._base import BackendScanner
+from .._base import BackendScanner, EnvelopeRun
 from ._frames import read_frames
 from ._ids import FileMessageId
 
 if TYPE_CHECKING:
     from ._backend import FileBackend
 
-__all__ = ("FileScanner",)
+__all__ = ("FileRunScanner", "FileScanner")
 
 
 class FileScanner(BackendScanner):
@@ -55,6 +55,15 @@ class FileScanner(BackendScanner):
         self._waiter: asyncio.Future[None] | None = None
 
     async def next_batch(self) -> Sequence[ImmutableMessage]:
+        return await self._next_items()
+
+    def _decode(self, body: memoryview, first_seq: int, skip: int) -> list[Any]:
+        """The items a frame's records make: the messages the filter admits."""
+        return decode_run(body, first_seq, FileMessageId, self._selected, skip=skip)
+
+    async def _next_items(self) -> list[Any]:
+        """What ``_decode`` makes of the next frames with records at or after
+        ``_deliver_from``, waiting for them at the end of the log."""
         directory = self._backend.directory
         loop = asyncio.get_running_loop()
         while True:
@@ -76,7 +85,7 @@ class FileScanner(BackendScanner):
                     self._close_fd()
             if self._closed:
                 raise WALClosed("scanner is closed")
-            out: list[ImmutableMessage] = []
+            out: list[Any] = []
             for header, body in block.frames:
                 if header.first_seq >= state.durable_end:
                     break  # written but not yet durable
@@ -87,12 +96,8 @@ class FileScanner(BackendScanner):
                         f" expected {self._offset_seq}"
                     )
                 if header.end_seq > self._deliver_from:
-                    out += decode_run(
-                        body,
-                        header.first_seq,
-                        FileMessageId,
-                        self._selected,
-                        skip=max(0, self._deliver_from - header.first_seq),
+                    out += self._decode(
+                        body, header.first_seq, max(0, self._deliver_from - header.first_seq)
                     )
                     self._deliver_from = header.end_seq
                 directory.index.note(self._segment, header.first_seq, header.offset)
@@ -216,6 +221,20 @@ class FileScanner(BackendScanner):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class FileRunScanner(FileScanner):
+    """The records of a file log from a start sequence number as runs of raw envelopes
+    (no filter, nothing decoded): for readers that decode headers column-wise."""
+
+    __slots__ = ()
+
+    async def next_runs(self) -> list[EnvelopeRun]:
+        """The next one or more runs, in log order, waiting until there is one."""
+        return await self._next_items()
+
+    def _decode(self, body: memoryview, first_seq: int, skip: int) -> list[Any]:
+        return [EnvelopeRun(first_seq + skip, body, offset_after(body, skip))]
 
 
 def _set(waiter: asyncio.Future[None]) -> None:

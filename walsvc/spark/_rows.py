@@ -1,0 +1,169 @@
+"""The rows the data source yields: their Spark schema, the matching Arrow schema, and
+how delivered messages become rows and Arrow record batches, built column by column.
+
+One row per data message a reader gets from ``WAL.read``: TimeTicks (persisted or
+idle) carry no data and yield no row, and a committed transaction (one ``TXN`` message)
+yields one row per body message, with the commit's timetick and the transaction id.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final
+
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from .._message import ImmutableMessage, MessageType
+
+__all__ = ("COLUMNS", "MAX_BATCH_BYTES", "SCHEMA", "RowColumns", "arrow_schema", "data_rows")
+
+#: The Spark schema of every row the data source reads (and of what it writes back).
+SCHEMA: Final = StructType(
+    [
+        StructField("pchannel", StringType(), nullable=False),
+        StructField("message_id", StringType(), nullable=False),
+        StructField("timetick", LongType(), nullable=False),
+        StructField("vchannel", StringType(), nullable=False),
+        StructField("type", IntegerType(), nullable=False),
+        StructField("properties", MapType(StringType(), StringType()), nullable=False),
+        StructField("payload", BinaryType(), nullable=False),
+        StructField("txn_id", LongType(), nullable=True),
+    ]
+)
+#: Column names, in schema order.
+COLUMNS: Final = tuple(field.name for field in SCHEMA.fields)
+#: An Arrow batch is cut before its payloads pass this many bytes (32-bit offsets).
+MAX_BATCH_BYTES: Final = 256 << 20
+
+_NO_DATA: Final = frozenset({MessageType.TIME_TICK})
+
+
+def arrow_schema() -> Any:
+    """The Arrow schema of the record batches ``record_batches`` builds (matches
+    ``SCHEMA`` exactly, which Spark checks)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("pchannel", pa.string(), nullable=False),
+            pa.field("message_id", pa.string(), nullable=False),
+            pa.field("timetick", pa.int64(), nullable=False),
+            pa.field("vchannel", pa.string(), nullable=False),
+            pa.field("type", pa.int32(), nullable=False),
+            pa.field(
+                "properties",
+                pa.map_(pa.string(), pa.string()),
+                nullable=False,
+            ),
+            pa.field("payload", pa.binary(), nullable=False),
+            pa.field("txn_id", pa.int64(), nullable=True),
+        ]
+    )
+
+
+def data_rows(delivered: Iterable[ImmutableMessage]) -> Iterator[ImmutableMessage]:
+    """The messages that become rows, in delivery order: TXN messages are replaced by
+    their bodies; TimeTicks are left out."""
+    for message in delivered:
+        kind = message.type
+        if kind is MessageType.TXN:
+            yield from message.body
+        elif kind not in _NO_DATA:
+            yield message
+
+
+class RowColumns:
+    """Rows under construction, one list per column (the pchannel column is the same for
+    every row of a range and is added when the batch is built). ``payloads`` may hold
+    memoryviews into stored blocks: build the batch before the next read."""
+
+    __slots__ = (
+        "ids",
+        "payload_bytes",
+        "payloads",
+        "properties",
+        "ticks",
+        "txn_ids",
+        "types",
+        "vchannels",
+    )
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.ticks: list[int] = []
+        self.vchannels: list[str] = []
+        self.types: list[int] = []
+        self.properties: list[Mapping[str, str]] = []
+        self.payloads: list[bytes | memoryview] = []
+        self.txn_ids: list[int | None] = []
+        self.payload_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def full(self) -> bool:
+        """True once the payloads reach ``MAX_BATCH_BYTES``."""
+        return self.payload_bytes >= MAX_BATCH_BYTES
+
+    def add(self, row: ImmutableMessage) -> None:
+        """Append the row of a data message (see ``data_rows``)."""
+        self.ids.append(row.message_id.marshal())
+        self.ticks.append(row.timetick)
+        self.vchannels.append(row.vchannel)
+        self.types.append(row.type)
+        self.properties.append(row.properties)
+        self.payloads.append(row.payload)
+        self.txn_ids.append(None if row.txn is None else row.txn.txn_id)
+        self.payload_bytes += len(row.payload)
+
+    def record_batch(self, pchannel: str) -> Any:
+        """The rows as one Arrow record batch of ``arrow_schema()``."""
+        import pyarrow as pa
+
+        n = len(self.ids)
+        payloads = self.payloads
+        payload = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [
+                None,
+                pa.py_buffer(array("i", itertools.accumulate(map(len, payloads), initial=0))),
+                pa.py_buffer(b"".join(payloads)),
+            ],
+        )
+        properties = self.properties
+        if any(properties):
+            offsets = array("i", itertools.accumulate(map(len, properties), initial=0))
+            keys = [k for p in properties for k in p]
+            values = [v for p in properties for v in p.values()]
+        else:
+            offsets, keys, values = array("i", bytes(4 * (n + 1))), [], []
+        props = pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()),
+            pa.array(keys, pa.string()),
+            pa.array(values, pa.string()),
+        )
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(itertools.repeat(pchannel, n), pa.string(), size=n),
+                pa.array(self.ids, pa.string()),
+                pa.array(self.ticks, pa.int64()),
+                pa.array(self.vchannels, pa.string()),
+                pa.array(self.types, pa.int32()),
+                props,
+                payload,
+                pa.array(self.txn_ids, pa.int64()),
+            ],
+            schema=arrow_schema(),
+        )
