@@ -21,7 +21,7 @@ import walsvc
 from walsvc import Filter, ImmutableMessage, Message, MessageType
 from walsvc.spark import IdRange, RangeStalled, SourceOptions
 from walsvc.spark._batch import read_partition
-from walsvc.spark._ranges import split_range
+from walsvc.spark._ranges import split_range, tile
 from walsvc.spark._stream import share_out
 
 # Fixtures imported from the helper modules (pytest finds them by name here).
@@ -136,6 +136,9 @@ def test_id_range_partitions_tile_a_pchannel_exactly(spark: Any, tmp_path: Path)
     expected = expected_rows(read_all(url, "p0"))
     df = load(spark, url, "p0", maxRecordsPerPartition="7")
     assert df.rdd.getNumPartitions() > 20
+    assert spark_rows(df) == expected
+    df = load(spark, url, "p0", minPartitions="5")
+    assert df.rdd.getNumPartitions() >= 5
     assert spark_rows(df) == expected
 
 
@@ -293,6 +296,22 @@ def test_split_range_cuts_sequence_ids_and_keeps_others_whole() -> None:
         (None, "file:2"),
         ("file:2", "file:4"),
     ]
+
+
+def test_min_partitions_cuts_ranges_finer_where_ids_can_be_counted() -> None:
+    wholes = [IdRange("a", None, "file:99"), IdRange("b", "file:10", "file:19")]
+    options = SourceOptions(url="file:///x", pchannels=("a", "b"), min_partitions=11)
+    parts = tile(wholes, options)
+    assert len(parts) >= 11
+    assert all(_ids(p) <= 10 for p in parts)  # 109 ids over at least 11 ranges
+    assert sum(_ids(p) for p in parts) == 109
+    few = SourceOptions(url="file:///x", pchannels=("a", "b"), records_per_partition=60)
+    assert [_ids(p) for p in tile(wholes, few)] == [60, 40, 9]
+
+
+def _ids(part: IdRange) -> int:
+    after, end = part.bounds()
+    return end.seq - (-1 if after is None else after.seq)  # type: ignore[attr-defined]
 
 
 def test_share_out_bounds_a_micro_batch_fairly() -> None:

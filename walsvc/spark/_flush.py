@@ -185,6 +185,9 @@ def start_flush(
     checkpoint = checkpoint or default_checkpoint(to)
     _check_checkpoint(to, checkpoint)
     spark.dataSource.register(WalDataSource)  # idempotent: the caller need not have
+    if not any(key.lower() == "minpartitions" for key in options):
+        # Every core reads: a micro-batch's ranges are cut at least this fine.
+        options["minPartitions"] = str(spark.sparkContext.defaultParallelism)
     reader = spark.readStream.format(WalDataSource.name())
     for key, value in options.items():
         reader = reader.option(key, value)

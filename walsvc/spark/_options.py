@@ -42,6 +42,7 @@ _SOURCE_KEYS: Final = {
     "timetickto",
     "startafter",
     "maxrecordsperpartition",
+    "minpartitions",
     "maxrecordspertrigger",
     "rowsperbatch",
     "stalltimeout",
@@ -76,6 +77,7 @@ class SourceOptions(msgspec.Struct, frozen=True):
     timetick_to: int | None = None
     start_after: dict[str, str] = {}
     records_per_partition: int = DEFAULT_RECORDS_PER_PARTITION
+    min_partitions: int = 1
     max_records_per_trigger: int | None = None
     rows_per_batch: int = DEFAULT_ROWS_PER_BATCH
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
@@ -124,6 +126,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
             options, "maxRecordsPerPartition", DEFAULT_RECORDS_PER_PARTITION, minimum=1
         )
         or DEFAULT_RECORDS_PER_PARTITION,
+        min_partitions=_int(options, "minPartitions", 1, minimum=1) or 1,
         max_records_per_trigger=_int(options, "maxRecordsPerTrigger", None, minimum=1),
         rows_per_batch=_int(options, "rowsPerBatch", DEFAULT_ROWS_PER_BATCH, minimum=1)
         or DEFAULT_ROWS_PER_BATCH,

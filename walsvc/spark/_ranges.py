@@ -42,6 +42,7 @@ __all__ = (
     "raw_up_to",
     "replay_start",
     "split_range",
+    "tile",
 )
 
 
@@ -111,20 +112,41 @@ def split_range(whole: IdRange, records: int) -> list[IdRange]:
     ]
 
 
+def tile(wholes: list[IdRange], options: SourceOptions) -> list[IdRange]:
+    """``wholes`` split into ranges of at most ``records_per_partition`` ids, and finer
+    where needed so that there are at least ``min_partitions`` (counting only ranges of
+    sequence ids, the ones that can be split)."""
+    size = options.records_per_partition
+    if options.min_partitions > 1:
+        countable = sum(_id_count(w) for w in wholes)
+        if countable:
+            size = max(1, min(size, -(-countable // options.min_partitions)))
+    return [part for whole in wholes for part in split_range(whole, size)]
+
+
+def _id_count(whole: IdRange) -> int:
+    """How many ids ``whole`` spans, if they are sequence numbers; else 0."""
+    after, end = whole.bounds()
+    if not isinstance(end, SequenceMessageId):
+        return 0
+    if after is None:
+        return end.seq + 1
+    return end.seq - after.seq if isinstance(after, SequenceMessageId) else 0
+
+
 async def plan_ranges(options: SourceOptions) -> list[IdRange]:
     """The ranges of a batch read: each pchannel from its ``startAfter`` id (or its start)
-    to its newest message now, split by ``records_per_partition``."""
+    to its newest message now, split as ``tile`` does."""
     latest = await latest_ids(options)
-    ranges: list[IdRange] = []
+    wholes: list[IdRange] = []
     for pchannel in options.pchannels:
         end = latest[pchannel]
         marshalled_after = options.start_after.get(pchannel)
         after = None if marshalled_after is None else checked_id(pchannel, marshalled_after)
         if end is None or (after is not None and _not_before(end, after)):
             continue
-        whole = IdRange(pchannel, None if after is None else after.marshal(), end.marshal())
-        ranges += split_range(whole, options.records_per_partition)
-    return ranges
+        wholes.append(IdRange(pchannel, None if after is None else after.marshal(), end.marshal()))
+    return tile(wholes, options)
 
 
 def _not_before(end: MessageId, after: MessageId) -> bool:

@@ -31,7 +31,7 @@ from .._errors import InvalidArgument
 from .._ids import SequenceMessageId
 from ._batch import RangePartition, read_partition
 from ._options import SourceOptions
-from ._ranges import IdRange, checked_id, latest_ids, split_range
+from ._ranges import IdRange, checked_id, latest_ids, tile
 from ._sync import run
 
 __all__ = ("Offsets", "WalStreamReader", "share_out")
@@ -68,17 +68,12 @@ class WalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ends
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        partitions: list[InputPartition] = []
-        for pchannel in self.options.pchannels:
-            high = end.get(pchannel)
-            low = start.get(pchannel)
-            if high is None or high == low:
-                continue
-            whole = IdRange(pchannel, low, high)
-            partitions += map(
-                RangePartition, split_range(whole, self.options.records_per_partition)
-            )
-        return partitions
+        wholes = [
+            IdRange(pchannel, start.get(pchannel), high)
+            for pchannel in self.options.pchannels
+            if (high := end.get(pchannel)) is not None and high != start.get(pchannel)
+        ]
+        return [RangePartition(part) for part in tile(wholes, self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, RangePartition):
