@@ -17,9 +17,11 @@ from walsvc._codec import (
     VERSION,
     count_run,
     decode,
+    decode_columns,
     decode_run,
     decode_split,
     encode,
+    ext_fields,
     peek,
 )
 from walsvc.backends._memory import MemoryMessageId
@@ -502,3 +504,40 @@ def test_decode_run_skip_past_the_end_gives_nothing() -> None:
     assert decode_run(run, 0, MemoryMessageId, Filter.everything(), skip=5) == []
     got = decode_run(run, 10, MemoryMessageId, Filter(), skip=2)
     assert [m.message_id.seq for m in got] == [12]
+
+
+def test_decode_columns_agrees_with_decode_run_field_by_field() -> None:
+    """The column-wise header decoder (the Spark reader's) reads what ``decode_run``
+    reads: types, vchannels (several, one per record in turn), ticks, terms, ext
+    sections (properties, txn) and payload bounds; garbage raises ``CorruptRecord``."""
+    messages = [
+        Message(payload=b"p%d" % i, vchannel=["a", "bb", "", "ä"][i % 4], type=MessageType.INSERT)
+        for i in range(8)
+    ] + [
+        Message(payload=b"", vchannel="a", properties={"k": "v"}),
+        Message(payload=b"x" * 300, vchannel="bb", type=MessageType.DELETE),
+    ]
+    last = MemoryMessageId(3)
+    records = [
+        encode(m, timetick=100 + i, term=7, last_confirmed=last if i % 2 else None)
+        for i, m in enumerate(messages)
+    ]
+    records.append(
+        encode(messages[0], timetick=200, term=7, txn=TxnContext(txn_id=5, keepalive_ms=10))
+    )
+    run = b"".join(records)
+    expected = decode_run(run, 0, MemoryMessageId, Filter.everything())
+    columns = decode_columns(memoryview(run))
+    assert columns.types == [int(m.type) for m in expected]
+    assert columns.vchannels == [m.vchannel for m in expected]
+    assert columns.timeticks == [m.timetick for m in expected]
+    assert columns.terms == [m.term for m in expected]
+    view = memoryview(run)
+    payloads = [bytes(view[s:e]) for s, e in zip(columns.payload_starts, columns.ends, strict=True)]
+    assert payloads == [m.payload for m in expected]
+    fields = [ext_fields(ext, MemoryMessageId) for ext in columns.exts]
+    assert [dict(p) for p, _ in fields] == [dict(m.properties) for m in expected]
+    assert [t for _, t in fields] == [m.txn for m in expected]
+    for bad in (run[:-1], run[:10], b"\x09" + run[1:]):
+        with pytest.raises(CorruptRecord):
+            decode_columns(bad)
