@@ -135,3 +135,26 @@ async def test_an_interceptor_serves_one_wal() -> None:
     async with await walsvc.open_wal(name, "b", interceptors=[dedup]) as wal:
         with pytest.raises(RuntimeError, match="serves one WAL"):
             await wal.append(data(b"x"))
+
+
+async def test_a_plain_batch_gets_consecutive_ticks_and_one_last_confirmed_id(url: str) -> None:
+    """``append_many`` of bare messages takes its ticks in one allocator call: they are
+    consecutive, above every earlier tick and below every later one, and the batch
+    shares one last-confirmed id; a batch with properties goes message by message."""
+    async with await walsvc.open_wal(url, "p0") as wal:
+        before = await wal.append(data(b"before"))
+        batch = await wal.append_many([data(b"%d" % i) for i in range(20)])
+        mixed = await wal.append_many(
+            [data(b"a"), Message(payload=b"b", vchannel="v1", properties={"k": "v"})]
+        )
+        after = await wal.append(data(b"after"))
+        log = await log_of(wal)
+    ticks = [r.timetick for r in batch]
+    assert ticks == list(range(ticks[0], ticks[0] + 20))
+    assert before.timetick < ticks[0]
+    assert ticks[-1] < mixed[0].timetick < mixed[1].timetick
+    assert mixed[1].timetick < after.timetick
+    assert len({r.last_confirmed_id for r in batch}) == 1
+    stored = {m.message_id: m for m in log}
+    assert [stored[r.message_id].timetick for r in batch] == ticks
+    assert dict(stored[mixed[1].message_id].properties) == {"k": "v"}

@@ -121,6 +121,9 @@ async def test_message_too_large_writes_nothing() -> None:
         # Small payload, large properties: the encoded size counts.
         with pytest.raises(MessageTooLarge, match=r"encoded message of .* bytes exceeds"):
             await wal.append(Message(payload=b"", vchannel="v", properties={"k": "v" * 2000}))
+        # A bare batch: the envelope (header, vchannel) counts too.
+        with pytest.raises(MessageTooLarge, match=r"encoded message of 1025 bytes exceeds"):
+            await wal.append_many([Message(payload=bytes(1024 - 36), vchannel="v")])
         # One too large in a batch: none of the batch is written.
         with pytest.raises(MessageTooLarge):
             await wal.append_many(

@@ -83,6 +83,11 @@ _CONFIRM_STEP: Final = 255
 _RECOVERY: Final = object()
 
 
+def _is_bare(message: Message) -> bool:
+    """No properties, idempotency key or txn: the envelope needs only the shared ext."""
+    return not message.properties and message.idempotency_key is None and message.txn is None
+
+
 @final
 class WAL:
     """One pchannel of a write-ahead log, opened with ``walsvc.open_wal``.
@@ -338,9 +343,46 @@ class WAL:
             cache.acked(1)
         return AppendResult(message_id, tick, last_confirmed)
 
+    def _encode_batch(
+        self, messages: Sequence[Message]
+    ) -> list[tuple[bytes, int, MessageId | None]]:
+        """``_encode`` for a batch: consecutive ticks from one allocator call, and one
+        last-confirmed id and ext section for the whole batch when no message has
+        properties, a key or a txn (else message by message)."""
+        allocate_many = getattr(self._allocator, "allocate_many", None)
+        if allocate_many is None or not all(map(_is_bare, messages)):
+            return [self._encode(m) for m in messages]
+        max_payload = self._max_payload
+        for message in messages:
+            if len(message.payload) > max_payload:
+                self._encode(message)  # raises MessageTooLarge, saying so
+        count = len(messages)
+        first: int = allocate_many(count)
+        if self._pins:
+            last_confirmed = next(iter(self._pins.values()))
+        else:
+            if first - self._confirmed_tick > _CONFIRM_STEP or self._confirmed is None:
+                self._confirmed = self._last_acked
+                self._confirmed_tick = first
+            last_confirmed = self._confirmed
+        if last_confirmed is not self._ext_id:
+            self._ext_id = last_confirmed
+            self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
+        term, ext, limit = self._term, self._ext, self._max_message_size
+        encoded = []
+        for tick, message in enumerate(messages, first):
+            record = encode_plain(message.type, message.vchannel, message.payload, tick, term, ext)
+            if len(record) > limit:
+                raise MessageTooLarge(
+                    f"encoded message of {len(record)} bytes exceeds max_message_size {limit}"
+                )
+            encoded.append((record, tick, last_confirmed))
+        self._last_tick = self._data_tick = first + count - 1
+        return encoded
+
     async def _serialize_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
         """``_serialize`` for a batch: contiguous in the log, one backend call."""
-        encoded = [self._encode(m) for m in messages]
+        encoded = self._encode_batch(messages)
         if not encoded:
             return []
         count = len(encoded)
