@@ -255,6 +255,7 @@ def test_payloads_keep_their_bytes_and_size(spark: Any, tmp_path: Path) -> None:
         ({"url": "FILE"}, "'pchannels' is required"),
         ({"url": "FILE", "pchannels": "p0", "vchanels": "v1"}, "unknown walsvc data source option"),
         ({"url": "nosuch://x", "pchannels": "p0"}, "nosuch"),
+        ({"url": "memory://x", "pchannels": "p0"}, "memory:// WAL lives in one process"),
         ({"url": "FILE", "pchannels": "p0", "types": "INSRT"}, "INSRT"),
         ({"url": "FILE", "pchannels": "p0", "startAfter": "{"}, "not JSON"),
         ({"url": "FILE", "pchannels": "p0", "startAfter": '{"p0": "file:x"}'}, "bad message id"),

@@ -109,6 +109,12 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     """Validate the data source options of a read (batch or streaming)."""
     backend = _backend_options(options, _SOURCE_KEYS)
     url = _required(options, "url")
+    if url.partition("://")[0] == "memory":
+        raise InvalidArgument(
+            "option 'url': a memory:// WAL lives in one process, and Spark reads in"
+            " other processes (each would see an empty log of its own); use file://,"
+            " kafka:// or pulsar://"
+        )
     pchannels = _names(options, "pchannels")
     if not pchannels:
         raise InvalidArgument("option 'pchannels' is required: comma-separated pchannel names")
