@@ -358,6 +358,8 @@ class WAL:
                 self._encode(message)  # raises MessageTooLarge, saying so
         count = len(messages)
         first: int = allocate_many(count)
+        # The choice of last-confirmed id and ext is _encode's, once per batch here
+        # (_encode keeps it inline: it runs once per single append).
         if self._pins:
             last_confirmed = next(iter(self._pins.values()))
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import msgspec
 from pyspark.sql.datasource import (
     DataSourceReader,
     EqualTo,
@@ -112,8 +113,6 @@ def _accept(pushed: SparkFilter) -> tuple[str, str, Any] | None:
 
 def _narrow(options: SourceOptions, column: str, operator: str, value: Any) -> SourceOptions:
     """``options`` with the walsvc filter narrowed by an accepted pushed filter."""
-    import msgspec
-
     if column == "vchannel":
         wanted = set(value) if operator == "in" else {value}
         if options.vchannels is not None:

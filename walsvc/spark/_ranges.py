@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TypeVar
 
 import msgspec
 
@@ -43,7 +44,10 @@ __all__ = (
     "replay_start",
     "split_range",
     "tile",
+    "unless_stalled",
 )
+
+_T = TypeVar("_T")
 
 
 class RangeStalled(WALError):
@@ -194,6 +198,19 @@ async def raw_up_to(
             yield item
 
 
+async def unless_stalled(step: Awaitable[_T], wal: WAL, end: MessageId, stall_timeout: float) -> _T:
+    """Await ``step`` (the next read of a range ending at ``end``), or raise
+    ``RangeStalled`` after ``stall_timeout`` seconds without it."""
+    try:
+        async with asyncio.timeout(stall_timeout):
+            return await step
+    except TimeoutError:
+        raise RangeStalled(
+            f"pchannel {wal.pchannel!r}: no record for {stall_timeout:g} s while reading up"
+            f" to {end.marshal()} (option stallTimeout)"
+        ) from None
+
+
 async def _raw_batches(
     wal: WAL, start: DeliverPolicy, end: MessageId, stall_timeout: float
 ) -> AsyncIterator[tuple[Sequence[ImmutableMessage], bool]]:
@@ -202,13 +219,7 @@ async def _raw_batches(
         try:
             while True:
                 try:
-                    async with asyncio.timeout(stall_timeout):
-                        batch = await anext(batches)
-                except TimeoutError:
-                    raise RangeStalled(
-                        f"pchannel {wal.pchannel!r}: no message for {stall_timeout:g} s while"
-                        f" reading up to {end.marshal()} (option stallTimeout)"
-                    ) from None
+                    batch = await unless_stalled(anext(batches), wal, end, stall_timeout)
                 except StopAsyncIteration:
                     return
                 if batch[-1].message_id < end:

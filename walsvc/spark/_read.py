@@ -14,7 +14,6 @@ Two engines give the same rows:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from scanners import ReorderBuffer, TxnBuffer
@@ -27,7 +26,7 @@ from .._message import SYSTEM_TYPES, ImmutableMessage, MessageType, TxnContext
 from .._wal import WAL
 from ..backends._base import RunScanner
 from ._options import SourceOptions
-from ._ranges import IdRange, RangeStalled, open_reader, raw_up_to, replay_start
+from ._ranges import IdRange, open_reader, raw_up_to, replay_start, unless_stalled
 from ._rows import RowColumns, data_rows
 
 __all__ = ("RowTest", "read_rows")
@@ -135,8 +134,7 @@ async def _rows_from_runs(
     try:
         while True:
             try:
-                async with asyncio.timeout(options.stall_timeout):
-                    runs = await scanner.next_runs()
+                runs = await unless_stalled(scanner.next_runs(), wal, end, options.stall_timeout)
             except WALTruncated:
                 if started:
                     raise
@@ -148,11 +146,6 @@ async def _rows_from_runs(
                 scanner = reopened
                 started = True
                 continue
-            except TimeoutError:
-                raise RangeStalled(
-                    f"pchannel {wal.pchannel!r}: no record for {options.stall_timeout:g} s while"
-                    f" reading up to {end.marshal()} (option stallTimeout)"
-                ) from None
             started = True
             for first_seq, data, run_start in runs:
                 columns = decode_columns(data, run_start)
