@@ -31,6 +31,7 @@ from ._chain import (
     build_chain,
     is_plain,
 )
+from ._coalesce import AppendCoalescer
 from ._codec import HEADER_SIZE, encode, encode_plain, last_confirmed_ext
 from ._deliver import DeliverPolicy
 from ._errors import (
@@ -107,6 +108,7 @@ class WAL:
         "_cache",
         "_chain",
         "_closed",
+        "_coalescer",
         "_confirmed",
         "_confirmed_tick",
         "_data_tick",
@@ -156,6 +158,14 @@ class WAL:
         self._plain_chain = build_chain(self._members, self._serialize, plain=True)
         self._plain_batch_chain = build_batch_chain(
             self._members, self._serialize_batch, plain=True
+        )
+        # Concurrent plain appends share one pass down the batch chain when every member
+        # handles batches and the backend's acks take time (else there is no concurrency
+        # to exploit, and a batch would only add a loop iteration to each append).
+        self._coalescer = (
+            AppendCoalescer(self._plain_batch_chain, self._plain_chain)
+            if self._plain_batch_chain is not None and not backend.immediate_acks
+            else None
         )
         self._last_acked: MessageId | None = None
         self._last_acked_tick = -1  # the timetick of _last_acked
@@ -459,6 +469,8 @@ class WAL:
         if self._ready is not None or self._ready_error is not None:
             await self._wait_ready()
         if message.idempotency_key is None:  # and no txn: a plain message
+            if self._coalescer is not None:
+                return await self._coalescer.submit(message)
             return await self._plain_chain(message)
         return await self._chain(message)
 
@@ -637,6 +649,8 @@ class WAL:
             # that no append ever waited for: its error is retrieved here, not leaked.
             ready.cancel()
             await asyncio.gather(ready, return_exceptions=True)
+        if self._coalescer is not None:
+            await self._coalescer.drain()
         errors: list[BaseException] = []
         for member in reversed(self._members):
             if isinstance(member, ClosingInterceptor):

@@ -93,6 +93,10 @@ class Backend(ABC):
     #: writers without one serialization point); scanners then hold messages until a
     #: TimeTick confirms them. walsvc's own WAL writes in tick order on every backend.
     ticks_in_log_order: ClassVar[bool] = True
+    #: True if the awaitable ``append`` returns is ready at once (the memory log). The WAL
+    #: then appends each message as it comes; otherwise it gathers concurrent appends
+    #: into one batch per loop iteration (see ``walsvc._coalesce``).
+    immediate_acks: ClassVar[bool] = False
 
     pchannel: str
     read_only: bool
