@@ -227,15 +227,57 @@ def decode_split(header: bytes, payload: bytes, message_id: MessageId) -> Immuta
     size = len(header) + len(payload)
     if len(header) < HEADER_SIZE:
         raise CorruptRecord(f"record header truncated: {len(header)} of {HEADER_SIZE} bytes")
+    # The hot path: a vchannel and ext seen before (brokers' records repeat a few
+    # vchannels and one last-confirmed id for long runs) cost one unpack and one lookup.
+    version, flags, type_no, total, vc_hash, vc_len, reserved, tick, term, ext_len = (
+        _HEADER.unpack_from(header)
+    )
+    tail = header[HEADER_SIZE:]
+    known = _split_tails.get(tail)
+    if (
+        known is not None
+        and known[0] == vc_len
+        and known[1] == vc_hash
+        and (known[3] is None or type(known[3]) is type(message_id))
+        and version == VERSION
+        and not flags
+        and not reserved
+        and total == size
+        and HEADER_SIZE + vc_len + ext_len == len(header)
+        and type_no in _types
+    ):
+        return ImmutableMessage(
+            message_id,
+            tick,
+            known[2],
+            _types[type_no],
+            payload,
+            _NO_PROPERTIES,
+            known[3],
+            known[4],
+            None,
+            term,
+        )
     type_, vchannel, timetick, term, ext_start, payload_start, end = _unpack_header(header, 0, size)
     if payload_start != len(header) or end != size:
         raise CorruptRecord(
             f"envelope header says {payload_start} header and {end - payload_start} payload"
             f" bytes; the record has {len(header)} and {len(payload)}"
         )
-    return _message(
+    message = _message(
         header, ext_start, payload_start, message_id, type_, vchannel, timetick, term, payload
     )
+    if not message.properties and message.idempotency_key is None:
+        if len(_split_tails) >= _CACHE_LIMIT:
+            _split_tails.clear()
+        _split_tails[tail] = (vc_len, vc_hash, vchannel, message.last_confirmed_id, message.txn)
+    return message
+
+
+#: decode_split's memory: the bytes after the fixed header (vchannel and ext) of headers
+#: without properties or key -> (vchannel length, vchannel hash, vchannel,
+#: last-confirmed id, txn context).
+_split_tails: dict[bytes, tuple[int, int, str, MessageId | None, TxnContext | None]] = {}
 
 
 def _message(
@@ -250,23 +292,12 @@ def _message(
     payload: bytes,
 ) -> ImmutableMessage:
     """The message of an envelope whose header is unpacked: decode its ext section."""
-    properties = _NO_PROPERTIES
-    last_confirmed = None
-    txn = None
-    key = None
     if payload_start != ext_start:
-        raw_ext = bytes(data[ext_start:payload_start])
-        cached = _ext_cache.get(raw_ext)
-        if cached is not None and type(cached[0]) is type(message_id):
-            last_confirmed, txn = cached
-        else:
-            properties, last_confirmed, txn, key = _decode_ext(raw_ext, type(message_id))
-            if not properties and key is None:
-                # Runs of messages share one last-confirmed id (and a txn's body its
-                # context): decode each distinct ext once.
-                if len(_ext_cache) >= _CACHE_LIMIT:
-                    _ext_cache.clear()
-                _ext_cache[raw_ext] = (last_confirmed, txn)
+        properties, last_confirmed, txn, key = _ext_of(
+            bytes(data[ext_start:payload_start]), type(message_id)
+        )
+    else:
+        properties, last_confirmed, txn, key = _NO_PROPERTIES, None, None, None
     return ImmutableMessage(
         message_id,
         timetick,
@@ -282,6 +313,23 @@ def _message(
 
 
 _ext_cache: dict[bytes, tuple[MessageId | None, TxnContext | None]] = {}
+
+
+def _ext_of(
+    raw_ext: bytes, id_class: type[MessageId]
+) -> tuple[Mapping[str, str], MessageId | None, TxnContext | None, str | None]:
+    """``_decode_ext``, remembered for exts without properties or key: runs of messages
+    share one last-confirmed id (and a transaction's body its context), so each distinct
+    ext is decoded once."""
+    cached = _ext_cache.get(raw_ext)
+    if cached is not None and (cached[0] is None or type(cached[0]) is id_class):
+        return _NO_PROPERTIES, cached[0], cached[1], None
+    properties, last_confirmed, txn, key = decoded = _decode_ext(raw_ext, id_class)
+    if not properties and key is None:
+        if len(_ext_cache) >= _CACHE_LIMIT:
+            _ext_cache.clear()
+        _ext_cache[raw_ext] = (last_confirmed, txn)
+    return decoded
 
 
 def _decode_ext(
@@ -466,14 +514,7 @@ def ext_fields(
     the whole message would."""
     if not raw_ext:
         return _NO_PROPERTIES, None
-    cached = _ext_cache.get(raw_ext)
-    if cached is not None and (cached[0] is None or type(cached[0]) is id_class):
-        return _NO_PROPERTIES, cached[1]
-    properties, last_confirmed, txn, key = _decode_ext(raw_ext, id_class)
-    if not properties and key is None:
-        if len(_ext_cache) >= _CACHE_LIMIT:
-            _ext_cache.clear()
-        _ext_cache[raw_ext] = (last_confirmed, txn)
+    properties, _, txn, _ = _ext_of(raw_ext, id_class)
     return properties, txn
 
 

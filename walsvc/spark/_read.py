@@ -50,7 +50,7 @@ async def read_rows(
         if start is None:
             return
         stages = _Stages(options, after, tests)
-        backend = wal._backend
+        backend = wal.backend
         runs = backend.read_runs(start) if isinstance(end, SequenceMessageId) else None
         if runs is not None:
             assert isinstance(end, SequenceMessageId)
@@ -141,7 +141,7 @@ async def _rows_from_runs(
                 # The replay start is gone: start at the first retained record, as a
                 # raw scan does (transactions begun before it cannot be assembled).
                 await scanner.aclose()
-                reopened = wal._backend.read_runs(DeliverPolicy.all())
+                reopened = wal.backend.read_runs(DeliverPolicy.all())
                 assert reopened is not None
                 scanner = reopened
                 started = True
