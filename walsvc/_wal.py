@@ -1,7 +1,8 @@
 """The WAL users hold: a backend, an interceptor chain, and scanners.
 
 The path of an append: ``append`` checks the WAL is writable and the message is a user
-message, waits (once) for the interceptors to be ready, then runs the interceptor chain.
+message, waits (once) for the interceptors to be ready, then runs the interceptor chain
+(concurrent plain appends together, as one batch: see ``walsvc._coalesce``).
 The chain ends at the serialization point (``_serialize``), which in one synchronous step
 allocates the timetick, takes the last-confirmed id, encodes the envelope and hands it to
 the backend, whose ``append`` call orders the log. Log order therefore equals timetick
