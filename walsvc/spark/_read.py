@@ -252,12 +252,5 @@ def _take_plain_run(
     if txn is not None or not stages.reorder.admit(ticks[0], terms[0]):
         return False
     stages.reorder.admit(ticks[-1], terms[-1])  # ticks increase: the rest pass too
-    rows.ids += [f"{prefix}{seq}" for seq in range(first_seq, first_seq + count)]
-    rows.ticks += ticks
-    rows.vchannels += columns.vchannels
-    rows.types += types
-    rows.properties += [properties] * count
-    rows.payloads += map(data.__getitem__, map(slice, columns.payload_starts, columns.ends))
-    rows.txn_ids += [None] * count
-    rows.payload_bytes += sum(columns.ends) - sum(columns.payload_starts)
+    rows.add_run(prefix, first_seq, columns, data, properties)
     return True

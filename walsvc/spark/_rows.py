@@ -23,6 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from .._codec import HeaderColumns, gather_payloads
 from .._message import ImmutableMessage, MessageType
 
 __all__ = ("COLUMNS", "MAX_BATCH_BYTES", "SCHEMA", "RowColumns", "arrow_schema", "data_rows")
@@ -83,11 +84,15 @@ def data_rows(delivered: Iterable[ImmutableMessage]) -> Iterator[ImmutableMessag
 
 
 class RowColumns:
-    """Rows under construction, one list per column (the pchannel column is the same for
-    every row of a range and is added when the batch is built). ``payloads`` may hold
-    memoryviews into stored blocks: build the batch before the next read."""
+    """Rows under construction: rows added one at a time go to one list per column; whole
+    runs (``add_run``) arrive as Arrow arrays, built without a Python object per row. The
+    pchannel column is the same for every row of a range and is added when the batch is
+    built. ``payloads`` may hold memoryviews into stored blocks: build the batch before
+    the next read."""
 
     __slots__ = (
+        "_chunk_rows",
+        "_chunks",
         "ids",
         "payload_bytes",
         "payloads",
@@ -107,9 +112,12 @@ class RowColumns:
         self.payloads: list[bytes | memoryview] = []
         self.txn_ids: list[int | None] = []
         self.payload_bytes = 0
+        # Earlier rows as Arrow arrays (every column but pchannel), in row order.
+        self._chunks: list[list[Any]] = []
+        self._chunk_rows = 0
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self._chunk_rows + len(self.ids)
 
     @property
     def full(self) -> bool:
@@ -127,8 +135,63 @@ class RowColumns:
         self.txn_ids.append(None if row.txn is None else row.txn.txn_id)
         self.payload_bytes += len(row.payload)
 
-    def record_batch(self, pchannel: str) -> Any:
-        """The rows as one Arrow record batch of ``arrow_schema()``."""
+    def add_run(
+        self,
+        id_prefix: str,
+        first_seq: int,
+        columns: HeaderColumns,
+        data: bytes | memoryview,
+        properties: Mapping[str, str],
+    ) -> None:
+        """Append one row per envelope of a run decoded by ``decode_columns`` (records
+        numbered from ``first_seq``, ids ``f"{id_prefix}{seq}"``, every one a data message
+        with ``properties`` and no transaction), as Arrow arrays."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        count = len(columns.types)
+        if not count:
+            return
+        self._seal_lists()
+        seqs = pa.Array.from_buffers(
+            pa.int64(), count, [None, pa.py_buffer(array("q", range(first_seq, first_seq + count)))]
+        )
+        offsets, values = gather_payloads(data, columns.payload_starts, columns.ends)
+        self._chunks.append(
+            [
+                pc.binary_join_element_wise(id_prefix, pc.cast(seqs, pa.string()), ""),
+                pa.array(columns.timeticks, pa.int64()),
+                pa.array(columns.vchannels, pa.string()),
+                pa.array(columns.types, pa.int32()),
+                _properties_column(itertools.repeat(properties, count), count),
+                pa.Array.from_buffers(
+                    pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
+                ),
+                pa.nulls(count, pa.int64()),
+            ]
+        )
+        self._chunk_rows += count
+        self.payload_bytes += len(values)
+
+    def _seal_lists(self) -> None:
+        """Move the rows held in lists to a chunk of Arrow arrays (the lists are emptied
+        in place: callers may hold them)."""
+        if self.ids:
+            self._chunks.append(self._list_arrays())
+            self._chunk_rows += len(self.ids)
+            for column in (
+                self.ids,
+                self.ticks,
+                self.vchannels,
+                self.types,
+                self.properties,
+                self.payloads,
+                self.txn_ids,
+            ):
+                column.clear()
+
+    def _list_arrays(self) -> list[Any]:
+        """The rows held in lists as Arrow arrays, in schema order without pchannel."""
         import pyarrow as pa
 
         n = len(self.ids)
@@ -142,28 +205,45 @@ class RowColumns:
                 pa.py_buffer(b"".join(payloads)),
             ],
         )
-        properties = self.properties
-        if any(properties):
-            offsets = array("i", itertools.accumulate(map(len, properties), initial=0))
-            keys = [k for p in properties for k in p]
-            values = [v for p in properties for v in p.values()]
+        return [
+            pa.array(self.ids, pa.string()),
+            pa.array(self.ticks, pa.int64()),
+            pa.array(self.vchannels, pa.string()),
+            pa.array(self.types, pa.int32()),
+            _properties_column(self.properties, n),
+            payload,
+            pa.array(self.txn_ids, pa.int64()),
+        ]
+
+    def record_batch(self, pchannel: str) -> Any:
+        """The rows as one Arrow record batch of ``arrow_schema()``."""
+        import pyarrow as pa
+
+        self._seal_lists()
+        chunks = self._chunks or [self._list_arrays()]
+        if len(chunks) == 1:
+            columns = chunks[0]
         else:
-            offsets, keys, values = array("i", bytes(4 * (n + 1))), [], []
-        props = pa.MapArray.from_arrays(
-            pa.array(offsets, pa.int32()),
-            pa.array(keys, pa.string()),
-            pa.array(values, pa.string()),
-        )
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array(itertools.repeat(pchannel, n), pa.string(), size=n),
-                pa.array(self.ids, pa.string()),
-                pa.array(self.ticks, pa.int64()),
-                pa.array(self.vchannels, pa.string()),
-                pa.array(self.types, pa.int32()),
-                props,
-                payload,
-                pa.array(self.txn_ids, pa.int64()),
-            ],
-            schema=arrow_schema(),
-        )
+            columns = [pa.concat_arrays(list(parts)) for parts in zip(*chunks, strict=True)]
+        n = len(columns[0])
+        first_row = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(bytes(4 * n))])
+        pchannels = pa.array([pchannel], pa.string()).take(first_row)
+        return pa.RecordBatch.from_arrays([pchannels, *columns], schema=arrow_schema())
+
+
+def _properties_column(properties: Iterable[Mapping[str, str]], n: int) -> Any:
+    """The map column of ``n`` rows' properties."""
+    import pyarrow as pa
+
+    maps = properties if isinstance(properties, list) else list(properties)
+    if any(maps):
+        offsets = array("i", itertools.accumulate(map(len, maps), initial=0))
+        keys = [k for p in maps for k in p]
+        values = [v for p in maps for v in p.values()]
+    else:
+        offsets, keys, values = array("i", bytes(4 * (n + 1))), [], []
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        pa.array(keys, pa.string()),
+        pa.array(values, pa.string()),
+    )

@@ -1,0 +1,22 @@
+from collections.abc import Callable
+from typing import Any
+
+def decode_columns_into(
+    data: bytes | memoryview,
+    start: int,
+    end: int,
+    types: list[int],
+    vchannels: list[str],
+    timeticks: list[int],
+    terms: list[int],
+    exts: list[bytes],
+    payload_starts: list[int],
+    ends: list[int],
+    known_types: dict[int, Any],
+    unpack_header: Callable[[bytes | memoryview, int, int], tuple[object, ...]],
+    corrupt: type[Exception],
+    /,
+) -> None: ...
+def gather_payloads(
+    data: bytes | memoryview, payload_starts: list[int], ends: list[int], /
+) -> tuple[bytes, bytes]: ...
