@@ -22,7 +22,9 @@ from walsvc._codec import (
     decode_run,
     decode_split,
     encode,
+    encode_plain_many,
     ext_fields,
+    gather_payloads,
     peek,
     walk_columns,
 )
@@ -587,3 +589,46 @@ def test_the_compiled_walk_reads_and_refuses_exactly_what_the_python_walk_does(
     else:
         for field in HeaderColumns.__slots__:
             assert getattr(compiled, field) == getattr(python, field), field
+
+
+def _in_python(function: Any, *args: Any) -> Any:
+    """``function(*args)`` with walsvc's compiled loops switched off."""
+    codec = walsvc._codec
+    saved = codec._compiled_walk, codec._compiled_gather, codec._compiled_encode
+    codec._compiled_walk = codec._compiled_gather = codec._compiled_encode = None
+    try:
+        return function(*args)
+    finally:
+        codec._compiled_walk, codec._compiled_gather, codec._compiled_encode = saved
+
+
+plain_messages = st.builds(Message, payload=PAYLOADS, vchannel=TEXT, type=MESSAGE_TYPES)
+
+
+@given(
+    st.lists(plain_messages, max_size=6),
+    st.integers(0, 2**62),
+    U64,
+    st.binary(max_size=40),
+    st.integers(0, 400_000),
+)
+def test_the_compiled_batch_encoder_writes_what_encode_plain_writes(
+    messages: list[Message], first_tick: int, term: int, ext: bytes, limit: int
+) -> None:
+    """Byte for byte, and None (nothing encoded) exactly when one envelope passes the
+    limit."""
+    assert encode_plain_many(messages, first_tick, term, ext, limit) == _in_python(
+        encode_plain_many, messages, first_tick, term, ext, limit
+    )
+
+
+@given(st.lists(envelopes(), max_size=6))
+def test_the_compiled_payload_gather_matches_the_python_one(
+    runs: list[tuple[Message, dict[str, Any], bytes]],
+) -> None:
+    run = memoryview(b"".join(encoded for _, _, encoded in runs))
+    columns = decode_columns(run)
+    compiled = gather_payloads(run, columns.payload_starts, columns.ends)
+    python = _in_python(gather_payloads, run, columns.payload_starts, columns.ends)
+    assert compiled == python
+    assert python[1] == b"".join(m.payload for m, _, _ in runs)

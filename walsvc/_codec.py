@@ -39,13 +39,15 @@ from ._message import ImmutableMessage, Message, MessageType, TxnContext
 
 _compiled_walk: Callable[..., None] | None
 _compiled_gather: Callable[[bytes | memoryview, list[int], list[int]], tuple[bytes, bytes]] | None
+_compiled_encode: Callable[..., list[bytes] | None] | None
 try:  # built from walsvc/_speedups.c when a C compiler was at hand
     from . import _speedups
 
     _compiled_walk = _speedups.decode_columns_into
     _compiled_gather = _speedups.gather_payloads
+    _compiled_encode = _speedups.encode_plain_batch
 except ImportError:
-    _compiled_walk = _compiled_gather = None
+    _compiled_walk = _compiled_gather = _compiled_encode = None
 
 __all__ = (
     "HEADER_SIZE",
@@ -142,11 +144,7 @@ def encode_plain(
     common message; the WAL encodes it with one call)."""
     cached = _vchannel_utf8.get(vchannel)
     if cached is None:
-        utf8 = vchannel.encode()
-        cached = (utf8, vchannel_hash(utf8))
-        if len(_vchannel_utf8) >= _CACHE_LIMIT:
-            _vchannel_utf8.clear()
-        _vchannel_utf8[vchannel] = cached
+        cached = _vchannel_entry(vchannel)
     vc_utf8, vc_hash = cached
     total = HEADER_SIZE + len(vc_utf8) + len(ext) + len(payload)
     if total > _MAX_TOTAL:
@@ -155,6 +153,36 @@ def encode_plain(
         VERSION, 0, type_, total, vc_hash, len(vc_utf8), 0, timetick, term, len(ext)
     )
     return b"".join((header, vc_utf8, ext, payload))
+
+
+def _vchannel_entry(vchannel: str) -> tuple[bytes, int]:
+    """The UTF-8 name and header hash of ``vchannel``, remembered in ``_vchannel_utf8``."""
+    utf8 = vchannel.encode()
+    entry = (utf8, vchannel_hash(utf8))
+    if len(_vchannel_utf8) >= _CACHE_LIMIT:
+        _vchannel_utf8.clear()
+    _vchannel_utf8[vchannel] = entry
+    return entry
+
+
+def encode_plain_many(
+    messages: list[Message], first_tick: int, term: int, ext: bytes, limit: int
+) -> list[bytes] | None:
+    """``encode_plain`` of each message (none with properties, key or txn), message i
+    with tick ``first_tick + i``: the envelopes of a batch the WAL appends. None if one
+    would pass ``limit`` bytes (encode them one by one to learn which). Compiled when
+    walsvc was built with ``walsvc/_speedups.c``."""
+    if _compiled_encode is not None:
+        return _compiled_encode(
+            messages, first_tick, term, ext, limit, _vchannel_utf8, _vchannel_entry
+        )
+    records = []
+    for tick, message in enumerate(messages, first_tick):
+        record = encode_plain(message.type, message.vchannel, message.payload, tick, term, ext)
+        if len(record) > limit:
+            return None
+        records.append(record)
+    return records
 
 
 def last_confirmed_ext(last_confirmed: MessageId) -> bytes:

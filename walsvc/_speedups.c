@@ -19,6 +19,16 @@
  * returns with it the int32 offsets of an Arrow binary column (n + 1 of them, native
  * byte order, as bytes): the payload column of a run, without a Python object per row.
  *
+ * encode_plain_batch(messages, first_tick, term, ext, limit, names, resolve) -> list | None
+ *
+ * lays out message i of `messages` (walsvc.Message objects without properties, key or
+ * txn) as walsvc._codec.encode_plain does with timetick first_tick + i, `term` and the
+ * shared ext section `ext`: the envelopes of a batch appended by the WAL. `names` is
+ * encode_plain's cache (vchannel -> (UTF-8 name, hash)); a name missing from it is
+ * looked up with resolve(vchannel), which fills it. Returns None, encoding nothing, if
+ * an envelope would pass `limit` bytes: the caller then encodes one by one and raises
+ * the MessageTooLarge that names the message.
+ *
  * The envelope header is 36 bytes, little-endian ("<BBHIIHHQQI"): version, flags, type,
  * total length, vchannel hash, vchannel length, reserved, timetick, term, ext length.
  */
@@ -278,9 +288,135 @@ done:
     return result;
 }
 
+static PyObject *attr_type, *attr_vchannel, *attr_payload;
+
+static void
+write16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static void
+write32(unsigned char *p, uint32_t v)
+{
+    write16(p, (uint16_t)v);
+    write16(p + 2, (uint16_t)(v >> 16));
+}
+
+static void
+write64(unsigned char *p, uint64_t v)
+{
+    write32(p, (uint32_t)v);
+    write32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* The envelope of one message, or NULL with an exception set, or Py_None (a new
+ * reference) if it would pass `limit`. */
+static PyObject *
+encode_one(PyObject *message, uint64_t tick, uint64_t term, PyObject *ext, Py_ssize_t limit,
+           PyObject *names, PyObject *resolve)
+{
+    PyObject *type_obj = NULL, *vchannel = NULL, *payload = NULL, *entry = NULL;
+    PyObject *record = NULL;
+    type_obj = PyObject_GetAttr(message, attr_type);
+    vchannel = type_obj ? PyObject_GetAttr(message, attr_vchannel) : NULL;
+    payload = vchannel ? PyObject_GetAttr(message, attr_payload) : NULL;
+    if (payload == NULL) {
+        goto done;
+    }
+    long type_no = PyLong_AsLong(type_obj);
+    if (type_no == -1 && PyErr_Occurred()) {
+        goto done;
+    }
+    if (!PyBytes_Check(payload) || type_no < 0 || type_no > 0xFFFF) {
+        PyErr_SetString(PyExc_TypeError, "not a plain walsvc.Message");
+        goto done;
+    }
+    entry = PyDict_GetItemWithError(names, vchannel);
+    if (entry != NULL) {
+        Py_INCREF(entry);
+    }
+    else if (PyErr_Occurred() ||
+             (entry = PyObject_CallOneArg(resolve, vchannel)) == NULL) {
+        goto done;
+    }
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+        !PyBytes_Check(PyTuple_GET_ITEM(entry, 0))) {
+        PyErr_SetString(PyExc_TypeError, "resolve must return (bytes, int)");
+        goto done;
+    }
+    PyObject *utf8 = PyTuple_GET_ITEM(entry, 0);
+    unsigned long vc_hash = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(entry, 1));
+    if (vc_hash == (unsigned long)-1 && PyErr_Occurred()) {
+        goto done;
+    }
+    Py_ssize_t vc_len = PyBytes_GET_SIZE(utf8), ext_len = PyBytes_GET_SIZE(ext);
+    Py_ssize_t payload_len = PyBytes_GET_SIZE(payload);
+    Py_ssize_t total = HEADER_SIZE + vc_len + ext_len + payload_len;
+    if (total > limit || total > (Py_ssize_t)UINT32_MAX || vc_len > 0xFFFF) {
+        record = Py_NewRef(Py_None);
+        goto done;
+    }
+    record = PyBytes_FromStringAndSize(NULL, total);
+    if (record == NULL) {
+        goto done;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(record);
+    p[0] = VERSION;
+    p[1] = 0;
+    write16(p + 2, (uint16_t)type_no);
+    write32(p + 4, (uint32_t)total);
+    write32(p + 8, (uint32_t)vc_hash);
+    write16(p + 12, (uint16_t)vc_len);
+    write16(p + 14, 0);
+    write64(p + 16, tick);
+    write64(p + 24, term);
+    write32(p + 32, (uint32_t)ext_len);
+    p += HEADER_SIZE;
+    memcpy(p, PyBytes_AS_STRING(utf8), (size_t)vc_len);
+    memcpy(p + vc_len, PyBytes_AS_STRING(ext), (size_t)ext_len);
+    memcpy(p + vc_len + ext_len, PyBytes_AS_STRING(payload), (size_t)payload_len);
+done:
+    Py_XDECREF(entry);
+    Py_XDECREF(payload);
+    Py_XDECREF(vchannel);
+    Py_XDECREF(type_obj);
+    return record;
+}
+
+static PyObject *
+encode_plain_batch(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *messages, *ext, *names, *resolve;
+    unsigned long long first_tick, term;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "O!KKO!nO!O", &PyList_Type, &messages, &first_tick, &term,
+                          &PyBytes_Type, &ext, &limit, &PyDict_Type, &names, &resolve)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    PyObject *records = PyList_New(n);
+    if (records == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *record = encode_one(PyList_GET_ITEM(messages, i), first_tick + (uint64_t)i,
+                                      term, ext, limit, names, resolve);
+        if (record == NULL || record == Py_None) {
+            Py_DECREF(records);
+            return record; /* NULL: the error; None: too large */
+        }
+        PyList_SET_ITEM(records, i, record);
+    }
+    return records;
+}
+
 static PyMethodDef methods[] = {
     {"decode_columns_into", decode_columns_into, METH_VARARGS,
      "The loop of walsvc._codec.decode_columns, compiled (see the module comment)."},
+    {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
+     "The envelopes of a batch of plain messages, see the module comment."},
     {"gather_payloads", gather_payloads, METH_VARARGS,
      "The payload column of a run: (int32 offsets, values), see the module comment."},
     {NULL, NULL, 0, NULL},
@@ -297,5 +433,11 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
+    attr_type = PyUnicode_InternFromString("type");
+    attr_vchannel = PyUnicode_InternFromString("vchannel");
+    attr_payload = PyUnicode_InternFromString("payload");
+    if (attr_type == NULL || attr_vchannel == NULL || attr_payload == NULL) {
+        return NULL;
+    }
     return PyModule_Create(&module);
 }

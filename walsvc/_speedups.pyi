@@ -20,3 +20,13 @@ def decode_columns_into(
 def gather_payloads(
     data: bytes | memoryview, payload_starts: list[int], ends: list[int], /
 ) -> tuple[bytes, bytes]: ...
+def encode_plain_batch(
+    messages: list[Any],
+    first_tick: int,
+    term: int,
+    ext: bytes,
+    limit: int,
+    names: dict[str, tuple[bytes, int]],
+    resolve: Callable[[str], tuple[bytes, int]],
+    /,
+) -> list[bytes] | None: ...

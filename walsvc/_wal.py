@@ -13,6 +13,7 @@ them).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import types
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -33,7 +34,7 @@ from ._chain import (
     is_plain,
 )
 from ._coalesce import AppendCoalescer
-from ._codec import HEADER_SIZE, encode, encode_plain, last_confirmed_ext
+from ._codec import HEADER_SIZE, encode, encode_plain, encode_plain_many, last_confirmed_ext
 from ._deliver import DeliverPolicy
 from ._errors import (
     AppendOutcomeUnknown,
@@ -356,13 +357,15 @@ class WAL:
 
     def _encode_batch(
         self, messages: Sequence[Message]
-    ) -> list[tuple[bytes, int, MessageId | None]]:
-        """``_encode`` for a batch: consecutive ticks from one allocator call, and one
-        last-confirmed id and ext section for the whole batch when no message has
-        properties, a key or a txn (else message by message)."""
+    ) -> tuple[list[bytes], Sequence[int], Iterable[MessageId | None]]:
+        """``_encode`` for a batch: the records, their ticks and their last-confirmed ids.
+        Consecutive ticks from one allocator call, one last-confirmed id and ext section
+        and one call of the (compiled) batch encoder when no message has properties, a
+        key or a txn; else message by message."""
         allocate_many = getattr(self._allocator, "allocate_many", None)
         if allocate_many is None or not all(map(_is_bare, messages)):
-            return [self._encode(m) for m in messages]
+            encoded = [self._encode(m) for m in messages]
+            return [e[0] for e in encoded], [e[1] for e in encoded], [e[2] for e in encoded]
         max_payload = self._max_payload
         for message in messages:
             if len(message.payload) > max_payload:
@@ -381,27 +384,33 @@ class WAL:
         if last_confirmed is not self._ext_id:
             self._ext_id = last_confirmed
             self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
-        term, ext, limit = self._term, self._ext, self._max_message_size
-        encoded = []
-        for tick, message in enumerate(messages, first):
-            record = encode_plain(message.type, message.vchannel, message.payload, tick, term, ext)
-            if len(record) > limit:
-                raise MessageTooLarge(
-                    f"encoded message of {len(record)} bytes exceeds max_message_size {limit}"
+        batch = messages if type(messages) is list else list(messages)
+        limit = self._max_message_size
+        records = encode_plain_many(batch, first, self._term, self._ext, limit)
+        if records is None:
+            for tick, message in enumerate(batch, first):
+                size = len(
+                    encode_plain(
+                        message.type, message.vchannel, message.payload, tick, self._term, self._ext
+                    )
                 )
-            encoded.append((record, tick, last_confirmed))
+                if size > limit:
+                    raise MessageTooLarge(
+                        f"encoded message of {size} bytes exceeds max_message_size {limit}"
+                    )
+        assert records is not None
         self._last_tick = self._data_tick = first + count - 1
-        return encoded
+        return records, range(first, first + count), itertools.repeat(last_confirmed, count)
 
     async def _serialize_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
         """``_serialize`` for a batch: contiguous in the log, one backend call."""
-        encoded = self._encode_batch(messages)
-        if not encoded:
+        records, ticks, confirmed = self._encode_batch(messages)
+        if not records:
             return []
-        count = len(encoded)
+        count = len(records)
         cache = self._cache
         try:
-            acked = self._backend.append([record for record, _, _ in encoded])
+            acked = self._backend.append(records)
         except WALError:
             raise
         except Exception as exc:
@@ -416,10 +425,10 @@ class WAL:
                 raise self._outcome_unknown(exc) from exc
             raise
         self._last_acked = ids[-1]
-        self._last_acked_tick = encoded[-1][1]
+        self._last_acked_tick = ticks[-1]
         results = [
             AppendResult(i, tick, last_confirmed)
-            for i, (_, tick, last_confirmed) in zip(ids, encoded, strict=True)
+            for i, tick, last_confirmed in zip(ids, ticks, confirmed, strict=True)
         ]
         if slot >= 0:
             assert cache is not None
