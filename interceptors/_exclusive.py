@@ -73,7 +73,7 @@ class ExclusiveLock:
     ) -> list[AppendResult]:
         """A batch with an exclusive message goes one message at a time; any other batch
         passes the gates of all its vchannels at once."""
-        if any(m.type in EXCLUSIVE_TYPES for m in messages):
+        if not EXCLUSIVE_TYPES.isdisjoint({m.type for m in messages}):
             one = _single(call_next)
             return [await self.do_append(message, one) for message in messages]
         vchannels = {m.vchannel for m in messages}

@@ -23,8 +23,6 @@ from ._message import AppendResult, Message
 
 __all__ = ("AppendCoalescer",)
 
-_Pending = tuple[Message, "asyncio.Future[AppendResult]"]
-
 
 @final
 class AppendCoalescer:
@@ -32,13 +30,15 @@ class AppendCoalescer:
     ``append_batch``; ``append_one`` appends a batch of one, and the messages of a batch
     that one of them made too large to write, one by one and in order."""
 
-    __slots__ = ("_append_batch", "_append_one", "_loop", "_pending", "_running")
+    __slots__ = ("_append_batch", "_append_one", "_futures", "_loop", "_messages", "_running")
 
     def __init__(self, append_batch: AppendBatchNext, append_one: AppendNext) -> None:
         self._append_batch = append_batch
         self._append_one = append_one
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: list[_Pending] = []
+        # The batch being gathered: message i is answered through future i.
+        self._messages: list[Message] = []
+        self._futures: list[asyncio.Future[AppendResult]] = []
         self._running: set[asyncio.Task[None]] = set()
 
     def submit(self, message: Message) -> asyncio.Future[AppendResult]:
@@ -48,50 +48,59 @@ class AppendCoalescer:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[AppendResult] = loop.create_future()
-        pending = self._pending
-        pending.append((message, future))
-        if len(pending) == 1:
+        self._futures.append(future)
+        self._messages.append(message)
+        if len(self._messages) == 1:
             loop.call_soon(self._start_batch)
         return future
 
     def _start_batch(self) -> None:
         """Hand the queued messages to a task that appends them (tasks start in the order
         they are created, so batches reach the serialization point in submission order)."""
-        pending, self._pending = self._pending, []
-        batch = [entry for entry in pending if not entry[1].cancelled()]
-        if not batch:
+        messages, futures = self._messages, self._futures
+        if not messages:
             return
+        self._messages, self._futures = [], []
+        if any(map(asyncio.Future.cancelled, futures)):
+            kept = [(m, f) for m, f in zip(messages, futures, strict=True) if not f.cancelled()]
+            if not kept:
+                return
+            messages, futures = [m for m, _ in kept], [f for _, f in kept]
         assert self._loop is not None
-        task = self._loop.create_task(self._append(batch))
+        task = self._loop.create_task(self._append(messages, futures))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _append(self, batch: list[_Pending]) -> None:
+    async def _append(
+        self, messages: list[Message], futures: list[asyncio.Future[AppendResult]]
+    ) -> None:
         try:
-            if len(batch) == 1:
-                results = [await self._append_one(batch[0][0])]
+            if len(messages) == 1:
+                results = [await self._append_one(messages[0])]
             else:
-                results = await self._append_batch([message for message, _ in batch])
+                results = await self._append_batch(messages)
         except MessageTooLarge as exc:
-            if len(batch) == 1:
-                _fail(batch, exc)
+            if len(messages) == 1:
+                _fail(futures, exc)
             else:
-                await self._one_by_one(batch)
+                await self._one_by_one(messages, futures)
             return
         except BaseException as exc:
-            _fail(batch, exc)
+            _fail(futures, exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        for (_, future), result in zip(batch, results, strict=True):
+        for future, result in zip(futures, results, strict=True):
             if not future.done():
                 future.set_result(result)
 
-    async def _one_by_one(self, batch: list[_Pending]) -> None:
+    async def _one_by_one(
+        self, messages: list[Message], futures: list[asyncio.Future[AppendResult]]
+    ) -> None:
         # Started in order, so they are serialized in order; each gets its own answer.
-        appends = [asyncio.ensure_future(self._append_one(message)) for message, _ in batch]
+        appends = [asyncio.ensure_future(self._append_one(message)) for message in messages]
         await asyncio.wait(appends)
-        for (_, future), append in zip(batch, appends, strict=True):
+        for future, append in zip(futures, appends, strict=True):
             if future.done():
                 continue
             exc = append.exception()
@@ -103,13 +112,12 @@ class AppendCoalescer:
     async def drain(self) -> None:
         """Start the queued batch now and wait until every batch has been appended (or
         failed): what the WAL does before it closes."""
-        if self._pending:
-            self._start_batch()
+        self._start_batch()
         while self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 
-def _fail(batch: list[_Pending], exc: BaseException) -> None:
-    for _, future in batch:
+def _fail(futures: list[asyncio.Future[AppendResult]], exc: BaseException) -> None:
+    for future in futures:
         if not future.done():
             future.set_exception(exc)

@@ -86,11 +86,6 @@ _CONFIRM_STEP: Final = 255
 _RECOVERY: Final = object()
 
 
-def _is_bare(message: Message) -> bool:
-    """No properties, idempotency key or txn: the envelope needs only the shared ext."""
-    return not message.properties and message.idempotency_key is None and message.txn is None
-
-
 @final
 class WAL:
     """One pchannel of a write-ahead log, opened with ``walsvc.open_wal``.
@@ -363,13 +358,18 @@ class WAL:
         and one call of the (compiled) batch encoder when no message has properties, a
         key or a txn; else message by message."""
         allocate_many = getattr(self._allocator, "allocate_many", None)
-        if allocate_many is None or not all(map(_is_bare, messages)):
-            encoded = [self._encode(m) for m in messages]
-            return [e[0] for e in encoded], [e[1] for e in encoded], [e[2] for e in encoded]
+        bare = allocate_many is not None
         max_payload = self._max_payload
-        for message in messages:
+        for message in messages:  # one pass: are all bare, is a payload too large?
+            if message.properties or message.idempotency_key is not None or message.txn:
+                bare = False
+                break
             if len(message.payload) > max_payload:
                 self._encode(message)  # raises MessageTooLarge, saying so
+        if not bare:
+            encoded = [self._encode(m) for m in messages]
+            return [e[0] for e in encoded], [e[1] for e in encoded], [e[2] for e in encoded]
+        assert allocate_many is not None
         count = len(messages)
         first: int = allocate_many(count)
         # The choice of last-confirmed id and ext is _encode's, once per batch here

@@ -109,6 +109,9 @@ def verify_frame(header: FrameHeader, body: bytes | memoryview) -> None:
 def encode_frames(first_seq: int, records: Sequence[bytes]) -> bytes:
     """Frame ``records`` (envelopes), numbered from ``first_seq``, cutting a new frame
     whenever the body would pass ``MAX_FRAME_BODY``."""
+    total = sum(map(len, records))
+    if total <= MAX_FRAME_BODY:  # the common batch: one frame
+        return _frame(first_seq, records, total)
     parts: list[bytes] = []
     start = 0
     size = 0
