@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import walsvc
+import walsvc._compiled
 from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType, TxnContext
 from walsvc._codec import (
     HEADER_SIZE,
@@ -550,7 +552,7 @@ def test_decode_columns_agrees_with_decode_run_field_by_field() -> None:
 def test_the_compiled_header_walk_is_built() -> None:
     """``make test`` builds walsvc/_speedups.c (a C compiler is part of the test
     environment); without it the Spark reader silently runs ten times slower."""
-    assert walsvc._codec._compiled_walk is not None
+    assert all(walsvc._compiled.available().values()), walsvc._compiled.available()
 
 
 def _walk(walker: str, run: bytes | memoryview) -> HeaderColumns | str:
@@ -593,13 +595,16 @@ def test_the_compiled_walk_reads_and_refuses_exactly_what_the_python_walk_does(
 
 def _in_python(function: Any, *args: Any) -> Any:
     """``function(*args)`` with walsvc's compiled loops switched off."""
-    codec = walsvc._codec
-    saved = codec._compiled_walk, codec._compiled_gather, codec._compiled_encode
-    codec._compiled_walk = codec._compiled_gather = codec._compiled_encode = None
+    compiled = walsvc._compiled
+    names = compiled.__all__
+    saved = [getattr(compiled, name) for name in names]
+    for name in names:
+        setattr(compiled, name, None)
     try:
         return function(*args)
     finally:
-        codec._compiled_walk, codec._compiled_gather, codec._compiled_encode = saved
+        for name, value in zip(names, saved, strict=True):
+            setattr(compiled, name, value)
 
 
 plain_messages = st.builds(Message, payload=PAYLOADS, vchannel=TEXT, type=MESSAGE_TYPES)
@@ -632,3 +637,21 @@ def test_the_compiled_payload_gather_matches_the_python_one(
     python = _in_python(gather_payloads, run, columns.payload_starts, columns.ends)
     assert compiled == python
     assert python[1] == b"".join(m.payload for m, _, _ in runs)
+
+
+@given(st.text(max_size=8), st.integers(0, 2**63 - 1 - 50), st.integers(0, 50))
+@example("file:", 0, 11)
+@example("", 2**63 - 1 - 50, 50)
+def test_the_compiled_id_column_holds_prefix_and_number(
+    prefix: str, first: int, count: int
+) -> None:
+    """``numbered_strings`` (the Spark reader's message-id column) writes what an
+    f-string writes, as Arrow offsets and values."""
+    assume(all(not 0xD800 <= ord(c) <= 0xDFFF for c in prefix))
+    assert walsvc._compiled.numbered_strings is not None
+    offsets, values = walsvc._compiled.numbered_strings(prefix.encode(), first, count)
+    ends = struct.unpack(f"={count + 1}i", offsets)
+    got = [values[a:b].decode() for a, b in itertools.pairwise(ends)]
+    assert got == [f"{prefix}{seq}" for seq in range(first, first + count)]
+    assert ends[0] == 0
+    assert ends[-1] == len(values)

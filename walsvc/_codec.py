@@ -32,22 +32,11 @@ from typing import Final, NoReturn, final
 
 import msgspec
 
+from . import _compiled
 from ._errors import CorruptRecord, MessageTooLarge, WALError
 from ._filter import Filter, vchannel_hash
 from ._ids import MessageId, unmarshal_message_id
 from ._message import ImmutableMessage, Message, MessageType, TxnContext
-
-_compiled_walk: Callable[..., None] | None
-_compiled_gather: Callable[[bytes | memoryview, list[int], list[int]], tuple[bytes, bytes]] | None
-_compiled_encode: Callable[..., list[bytes] | None] | None
-try:  # built from walsvc/_speedups.c when a C compiler was at hand
-    from . import _speedups
-
-    _compiled_walk = _speedups.decode_columns_into
-    _compiled_gather = _speedups.gather_payloads
-    _compiled_encode = _speedups.encode_plain_batch
-except ImportError:
-    _compiled_walk = _compiled_gather = _compiled_encode = None
 
 __all__ = (
     "HEADER_SIZE",
@@ -172,8 +161,8 @@ def encode_plain_many(
     with tick ``first_tick + i``: the envelopes of a batch the WAL appends. None if one
     would pass ``limit`` bytes (encode them one by one to learn which). Compiled when
     walsvc was built with ``walsvc/_speedups.c``."""
-    if _compiled_encode is not None:
-        return _compiled_encode(
+    if _compiled.encode_plain_batch is not None:
+        return _compiled.encode_plain_batch(
             messages, first_tick, term, ext, limit, _vchannel_utf8, _vchannel_entry
         )
     records = []
@@ -496,10 +485,10 @@ def decode_columns(
     if end is None:
         end = len(data)
     columns = HeaderColumns()
-    if _compiled_walk is None:
+    if _compiled.decode_columns_into is None:
         walk_columns(data, start, end, columns)
     else:
-        _compiled_walk(
+        _compiled.decode_columns_into(
             data,
             start,
             end,
@@ -581,8 +570,8 @@ def gather_payloads(
     the two buffers of an Arrow binary column: n + 1 int32 offsets (native byte order)
     and the payloads end to end. Compiled when walsvc was built with
     ``walsvc/_speedups.c``."""
-    if _compiled_gather is not None:
-        return _compiled_gather(data, payload_starts, ends)
+    if _compiled.gather_payloads is not None:
+        return _compiled.gather_payloads(data, payload_starts, ends)
     view = memoryview(data)
     lengths = map(operator.sub, ends, payload_starts)
     offsets = array("i", itertools.accumulate(lengths, initial=0)).tobytes()

@@ -29,11 +29,18 @@
  * an envelope would pass `limit` bytes: the caller then encodes one by one and raises
  * the MessageTooLarge that names the message.
  *
+ * numbered_strings(prefix, first, count) -> (offsets, values)
+ *
+ * the strings prefix + str(first + i) for i in range(count) as the two buffers of an
+ * Arrow string column (int32 offsets, native byte order; `prefix` is UTF-8 bytes): the
+ * message-id column of a run of sequence-numbered records ("file:123").
+ *
  * The envelope header is 36 bytes, little-endian ("<BBHIIHHQQI"): version, flags, type,
  * total length, vchannel hash, vchannel length, reserved, timetick, term, ext length.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -412,11 +419,68 @@ encode_plain_batch(PyObject *Py_UNUSED(module), PyObject *args)
     return records;
 }
 
+static PyObject *
+numbered_strings(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    const char *prefix;
+    Py_ssize_t prefix_len, count;
+    long long first;
+    if (!PyArg_ParseTuple(args, "y#Ln", &prefix, &prefix_len, &first, &count)) {
+        return NULL;
+    }
+    if (count < 0 || first < 0 || first > LLONG_MAX - count) {
+        PyErr_SetString(PyExc_ValueError, "need count >= 0 and 0 <= first <= first + count");
+        return NULL;
+    }
+    /* Every number has at most 19 digits. */
+    Py_ssize_t most = count * (prefix_len + 19);
+    if (count && (most / count != prefix_len + 19 || most > INT32_MAX)) {
+        PyErr_SetString(PyExc_OverflowError, "the column would exceed 32-bit Arrow offsets");
+        return NULL;
+    }
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * (Py_ssize_t)sizeof(int32_t));
+    PyObject *values = PyBytes_FromStringAndSize(NULL, most);
+    if (offsets == NULL || values == NULL) {
+        Py_XDECREF(offsets);
+        Py_XDECREF(values);
+        return NULL;
+    }
+    int32_t *out = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *to = PyBytes_AS_STRING(values);
+    Py_ssize_t used = 0;
+    out[0] = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        memcpy(to + used, prefix, (size_t)prefix_len);
+        used += prefix_len;
+        char digits[20];
+        int n = 0;
+        unsigned long long v = (unsigned long long)(first + i);
+        do {
+            digits[n++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v);
+        while (n) {
+            to[used++] = digits[--n];
+        }
+        out[i + 1] = (int32_t)used;
+    }
+    if (_PyBytes_Resize(&values, used) < 0) {
+        Py_DECREF(offsets);
+        return NULL;
+    }
+    PyObject *result = PyTuple_Pack(2, offsets, values);
+    Py_DECREF(offsets);
+    Py_DECREF(values);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_columns_into", decode_columns_into, METH_VARARGS,
      "The loop of walsvc._codec.decode_columns, compiled (see the module comment)."},
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
      "The envelopes of a batch of plain messages, see the module comment."},
+    {"numbered_strings", numbered_strings, METH_VARARGS,
+     "prefix + str(first + i) as an Arrow string column's buffers, see the module comment."},
     {"gather_payloads", gather_payloads, METH_VARARGS,
      "The payload column of a run: (int32 offsets, values), see the module comment."},
     {NULL, NULL, 0, NULL},

@@ -23,6 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from .. import _compiled
 from .._codec import HeaderColumns, gather_payloads
 from .._message import ImmutableMessage, MessageType
 
@@ -147,23 +148,19 @@ class RowColumns:
         numbered from ``first_seq``, ids ``f"{id_prefix}{seq}"``, every one a data message
         with ``properties`` and no transaction), as Arrow arrays."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         count = len(columns.types)
         if not count:
             return
         self._seal_lists()
-        seqs = pa.Array.from_buffers(
-            pa.int64(), count, [None, pa.py_buffer(array("q", range(first_seq, first_seq + count)))]
-        )
         offsets, values = gather_payloads(data, columns.payload_starts, columns.ends)
         self._chunks.append(
             [
-                pc.binary_join_element_wise(id_prefix, pc.cast(seqs, pa.string()), ""),
+                _numbered_strings(id_prefix, first_seq, count),
                 pa.array(columns.timeticks, pa.int64()),
                 pa.array(columns.vchannels, pa.string()),
                 pa.array(columns.types, pa.int32()),
-                _properties_column(itertools.repeat(properties, count), count),
+                _properties_column([properties] * count, count),
                 pa.Array.from_buffers(
                     pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
                 ),
@@ -231,19 +228,37 @@ class RowColumns:
         return pa.RecordBatch.from_arrays([pchannels, *columns], schema=arrow_schema())
 
 
-def _properties_column(properties: Iterable[Mapping[str, str]], n: int) -> Any:
+def _numbered_strings(prefix: str, first: int, count: int) -> Any:
+    """The string column ``f"{prefix}{first + i}"`` for i in range(count): a run's ids."""
+    import pyarrow as pa
+
+    if _compiled.numbered_strings is None:
+        return pa.array([f"{prefix}{seq}" for seq in range(first, first + count)], pa.string())
+    offsets, values = _compiled.numbered_strings(prefix.encode(), first, count)
+    return pa.Array.from_buffers(
+        pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
+    )
+
+
+def _properties_column(maps: list[Mapping[str, str]], n: int) -> Any:
     """The map column of ``n`` rows' properties."""
     import pyarrow as pa
 
-    maps = properties if isinstance(properties, list) else list(properties)
-    if any(maps):
-        offsets = array("i", itertools.accumulate(map(len, maps), initial=0))
-        keys = [k for p in maps for k in p]
-        values = [v for p in maps for v in p.values()]
-    else:
-        offsets, keys, values = array("i", bytes(4 * (n + 1))), [], []
+    if not any(maps):
+        return _empty_maps(n)
     return pa.MapArray.from_arrays(
-        pa.array(offsets, pa.int32()),
-        pa.array(keys, pa.string()),
-        pa.array(values, pa.string()),
+        pa.array(array("i", itertools.accumulate(map(len, maps), initial=0)), pa.int32()),
+        pa.array([k for p in maps for k in p], pa.string()),
+        pa.array([v for p in maps for v in p.values()], pa.string()),
+    )
+
+
+def _empty_maps(n: int) -> Any:
+    """A map column of ``n`` empty maps."""
+    import pyarrow as pa
+
+    return pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))]),
+        pa.array([], pa.string()),
+        pa.array([], pa.string()),
     )

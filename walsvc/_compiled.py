@@ -1,0 +1,29 @@
+"""The loops compiled from ``walsvc/_speedups.c``, each None when walsvc was built without
+a C compiler: callers then run the same loop in Python (see each caller)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ("decode_columns_into", "encode_plain_batch", "gather_payloads", "numbered_strings")
+
+decode_columns_into: Callable[..., None] | None
+gather_payloads: Callable[[bytes | memoryview, list[int], list[int]], tuple[bytes, bytes]] | None
+encode_plain_batch: Callable[..., list[bytes] | None] | None
+numbered_strings: Callable[[bytes, int, int], tuple[bytes, bytes]] | None
+
+try:
+    from . import _speedups
+except ImportError:
+    decode_columns_into = gather_payloads = encode_plain_batch = numbered_strings = None
+else:
+    decode_columns_into = _speedups.decode_columns_into
+    gather_payloads = _speedups.gather_payloads
+    encode_plain_batch = _speedups.encode_plain_batch
+    numbered_strings = _speedups.numbered_strings
+
+
+def available() -> dict[str, Any]:
+    """Which compiled loops this build has (for diagnostics and tests)."""
+    return {name: globals()[name] is not None for name in __all__}
