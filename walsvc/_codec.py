@@ -485,6 +485,8 @@ def decode_columns(
     if end is None:
         end = len(data)
     columns = HeaderColumns()
+    if len(_column_names) >= _CACHE_LIMIT:
+        _column_names.clear()
     if _compiled.decode_columns_into is None:
         walk_columns(data, start, end, columns)
     else:
@@ -500,10 +502,15 @@ def decode_columns(
             columns.payload_starts,
             columns.ends,
             _types,
+            _column_names,
             _unpack_header,
             CorruptRecord,
         )
     return columns
+
+
+#: decode_columns's vchannels checked in full: header hash -> (UTF-8 name, name).
+_column_names: dict[int, tuple[bytes, str]] = {}
 
 
 def walk_columns(data: bytes | memoryview, start: int, end: int, columns: HeaderColumns) -> None:
@@ -519,7 +526,7 @@ def walk_columns(data: bytes | memoryview, start: int, end: int, columns: Header
     )
     unpack = _HEADER.unpack_from
     known_types = _types
-    names: dict[int, tuple[bytes, str]] = {}  # vchannel hash -> (UTF-8 name, name)
+    names = _column_names  # vchannel hash -> (UTF-8 name, name), checked in full once
     last_ext = b""
     offset = start
     while offset < end:
@@ -544,7 +551,7 @@ def walk_columns(data: bytes | memoryview, start: int, end: int, columns: Header
         vc = data[offset + HEADER_SIZE : ext_start]
         seen = names.get(vc_hash)
         if seen is None or seen[0] != vc:
-            # A run repeats a few vchannels: each is checked in full once per run.
+            # A log repeats a few vchannels: each is checked in full once.
             seen = (bytes(vc), _unpack_header(data, offset, end)[1])
             names[vc_hash] = seen
         types.append(type_no)

@@ -1,7 +1,7 @@
 /* walsvc._speedups: the compiled form of walsvc._codec's column-wise header walk.
  *
  * decode_columns_into(data, start, end, types, vchannels, timeticks, terms, exts,
- *                     payload_starts, ends, known_types, unpack_header, corrupt)
+ *                     payload_starts, ends, known_types, names, unpack_header, corrupt)
  *
  * does exactly what the loop of walsvc._codec.decode_columns does, record by record,
  * appending to the seven lists it is given; it exists because that loop costs about
@@ -10,7 +10,8 @@
  * header fails a check, or whose type is not in known_types, is handed to
  * unpack_header(data, offset, end) (walsvc._codec._unpack_header), which raises the
  * CorruptRecord naming the fault (or accepts an application-defined type); a vchannel
- * name not seen before in this run is validated and decoded by the same call.
+ * name not in `names` (the caller's cache: vchannel hash -> (UTF-8 name, name), kept
+ * across runs) is validated and decoded by the same call, then added to it.
  * `corrupt` is walsvc.CorruptRecord, for the one error raised here.
  *
  * gather_payloads(data, payload_starts, ends) -> (offsets, values)
@@ -82,20 +83,19 @@ static PyObject *
 decode_columns_into(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *data, *types, *vchannels, *timeticks, *terms, *exts, *payload_starts, *ends;
-    PyObject *known_types, *unpack_header, *corrupt;
+    PyObject *known_types, *names, *unpack_header, *corrupt;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "OnnO!O!O!O!O!O!O!O!OO", &data, &start, &end, &PyList_Type,
+    if (!PyArg_ParseTuple(args, "OnnO!O!O!O!O!O!O!O!O!OO", &data, &start, &end, &PyList_Type,
                           &types, &PyList_Type, &vchannels, &PyList_Type, &timeticks,
                           &PyList_Type, &terms, &PyList_Type, &exts, &PyList_Type,
                           &payload_starts, &PyList_Type, &ends, &PyDict_Type, &known_types,
-                          &unpack_header, &corrupt)) {
+                          &PyDict_Type, &names, &unpack_header, &corrupt)) {
         return NULL;
     }
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    PyObject *names = NULL; /* vchannel hash -> (UTF-8 name: bytes, name: str) */
     PyObject *empty = NULL;
     PyObject *last_ext = NULL;
     PyObject *result = NULL;
@@ -104,9 +104,8 @@ decode_columns_into(PyObject *Py_UNUSED(module), PyObject *args)
                      end, view.len);
         goto done;
     }
-    names = PyDict_New();
     empty = PyBytes_FromStringAndSize(NULL, 0);
-    if (names == NULL || empty == NULL) {
+    if (empty == NULL) {
         goto done;
     }
     last_ext = Py_NewRef(empty);
@@ -153,7 +152,7 @@ decode_columns_into(PyObject *Py_UNUSED(module), PyObject *args)
             goto done;
         }
 
-        /* The vchannel: each distinct name is checked in full once per run. */
+        /* The vchannel: each distinct name is checked in full once (names remembers). */
         PyObject *hash_key = PyLong_FromUnsignedLong(vc_hash);
         if (hash_key == NULL) {
             goto done;
@@ -229,7 +228,6 @@ decode_columns_into(PyObject *Py_UNUSED(module), PyObject *args)
 done:
     Py_XDECREF(last_ext);
     Py_XDECREF(empty);
-    Py_XDECREF(names);
     PyBuffer_Release(&view);
     return result;
 }

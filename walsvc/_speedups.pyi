@@ -13,6 +13,7 @@ def decode_columns_into(
     payload_starts: list[int],
     ends: list[int],
     known_types: dict[int, Any],
+    names: dict[int, tuple[bytes, str]],
     unpack_header: Callable[[bytes | memoryview, int, int], tuple[object, ...]],
     corrupt: type[Exception],
     /,

@@ -44,6 +44,9 @@ SCHEMA: Final = StructType(
 )
 #: Column names, in schema order.
 COLUMNS: Final = tuple(field.name for field in SCHEMA.fields)
+#: Runs of at least this many rows become Arrow arrays at once (RowColumns.add_run):
+#: below it the fixed cost of building seven arrays outweighs the per-row saving.
+ARRAY_RUN: Final = 512
 #: An Arrow batch is cut before its payloads pass this many bytes (32-bit offsets).
 MAX_BATCH_BYTES: Final = 256 << 20
 
@@ -146,11 +149,15 @@ class RowColumns:
     ) -> None:
         """Append one row per envelope of a run decoded by ``decode_columns`` (records
         numbered from ``first_seq``, ids ``f"{id_prefix}{seq}"``, every one a data message
-        with ``properties`` and no transaction), as Arrow arrays."""
+        with ``properties`` and no transaction): a run of ``ARRAY_RUN`` rows or more as
+        Arrow arrays, a shorter one (a group-commit frame of a few producers) to the
+        lists, where building seven arrays would cost more than its rows."""
         import pyarrow as pa
 
         count = len(columns.types)
-        if not count:
+        if count < ARRAY_RUN:
+            if count:
+                self._extend_lists(id_prefix, first_seq, columns, data, properties)
             return
         self._seal_lists()
         offsets, values = gather_payloads(data, columns.payload_starts, columns.ends)
@@ -169,6 +176,25 @@ class RowColumns:
         )
         self._chunk_rows += count
         self.payload_bytes += len(values)
+
+    def _extend_lists(
+        self,
+        id_prefix: str,
+        first_seq: int,
+        columns: HeaderColumns,
+        data: bytes | memoryview,
+        properties: Mapping[str, str],
+    ) -> None:
+        count = len(columns.types)
+        self.ids += [f"{id_prefix}{seq}" for seq in range(first_seq, first_seq + count)]
+        self.ticks += columns.timeticks
+        self.vchannels += columns.vchannels
+        self.types += columns.types
+        self.properties += [properties] * count
+        starts, ends = columns.payload_starts, columns.ends
+        self.payloads += map(data.__getitem__, map(slice, starts, ends))
+        self.txn_ids += [None] * count
+        self.payload_bytes += sum(ends) - sum(starts)
 
     def _seal_lists(self) -> None:
         """Move the rows held in lists to a chunk of Arrow arrays (the lists are emptied
