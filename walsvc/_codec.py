@@ -472,6 +472,21 @@ class HeaderColumns:
         self.payload_starts: list[int] = []
         self.ends: list[int] = []
 
+    def fields(
+        self,
+    ) -> tuple[list[int], list[str], list[int], list[int], list[bytes], list[int], list[int]]:
+        """The seven lists in header order: types, vchannels, timeticks, terms, exts,
+        payload_starts, ends."""
+        return (
+            self.types,
+            self.vchannels,
+            self.timeticks,
+            self.terms,
+            self.exts,
+            self.payload_starts,
+            self.ends,
+        )
+
 
 def decode_columns(
     data: bytes | memoryview, start: int = 0, end: int | None = None
@@ -494,13 +509,7 @@ def decode_columns(
             data,
             start,
             end,
-            columns.types,
-            columns.vchannels,
-            columns.timeticks,
-            columns.terms,
-            columns.exts,
-            columns.payload_starts,
-            columns.ends,
+            *columns.fields(),
             _types,
             _column_names,
             _unpack_header,
@@ -517,13 +526,7 @@ def walk_columns(data: bytes | memoryview, start: int, end: int, columns: Header
     """``decode_columns``'s loop in Python: append the headers of ``data[start:end]`` to
     ``columns``. The compiled walk must do exactly this (tests/test_codec.py holds them
     to it)."""
-    types, vchannels, ticks = columns.types, columns.vchannels, columns.timeticks
-    terms, exts, payload_starts, ends = (
-        columns.terms,
-        columns.exts,
-        columns.payload_starts,
-        columns.ends,
-    )
+    types, vchannels, ticks, terms, exts, payload_starts, ends = columns.fields()
     unpack = _HEADER.unpack_from
     known_types = _types
     names = _column_names  # vchannel hash -> (UTF-8 name, name), checked in full once

@@ -169,14 +169,7 @@ async def _rows_from_runs(
                 properties: Mapping[str, str] = {}
                 txn: TxnContext | None = None
                 for type_no, vchannel, tick, term, ext, payload_start, record_end in zip(
-                    columns.types,
-                    columns.vchannels,
-                    columns.timeticks,
-                    columns.terms,
-                    columns.exts,
-                    columns.payload_starts,
-                    columns.ends,
-                    strict=True,
+                    *columns.fields(), strict=True
                 ):
                     seq += 1
                     record_start, offset = offset, record_end

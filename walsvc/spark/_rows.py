@@ -156,8 +156,8 @@ class RowColumns:
 
         count = len(columns.types)
         if count < ARRAY_RUN:
-            if count:
-                self._extend_lists(id_prefix, first_seq, columns, data, properties)
+            ids = [f"{id_prefix}{seq}" for seq in range(first_seq, first_seq + count)]
+            self._extend_lists(ids, columns, data, properties)
             return
         self._seal_lists()
         offsets, values = gather_payloads(data, columns.payload_starts, columns.ends)
@@ -179,14 +179,14 @@ class RowColumns:
 
     def _extend_lists(
         self,
-        id_prefix: str,
-        first_seq: int,
+        ids: list[str],
         columns: HeaderColumns,
         data: bytes | memoryview,
         properties: Mapping[str, str],
     ) -> None:
-        count = len(columns.types)
-        self.ids += [f"{id_prefix}{seq}" for seq in range(first_seq, first_seq + count)]
+        """``add_run`` for a short run: its rows (with these ``ids``) onto the lists."""
+        count = len(ids)
+        self.ids += ids
         self.ticks += columns.timeticks
         self.vchannels += columns.vchannels
         self.types += columns.types
