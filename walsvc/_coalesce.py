@@ -6,6 +6,11 @@ allocation, the shared parts of the envelope and the backend call are paid once 
 instead of once per message, and each producer pays only for a future. A lone producer
 waits one extra loop iteration; 64 concurrent producers share one batch.
 
+Batches reach the serialization point in submission order. Keyed and transactional
+appends take the chain directly, so one started while plain appends wait for their batch
+may land before them (nothing orders appends that are in flight at the same time; one
+that has returned is before every append started after it).
+
 Each producer gets its own answer: the batch's results, or its error. A batch refused
 before anything was written because one message is too large is re-run one message at a
 time, so only that message fails. A producer cancelled before its batch starts is left
