@@ -36,7 +36,18 @@ def _module_files() -> dict[str, Path]:
     return found
 
 
+def _compiled_modules() -> dict[str, Path]:
+    """Every C extension module of the top packages (``name.c`` beside its ``name.pyi``
+    stub), by dotted name, from the source tree."""
+    found: dict[str, Path] = {}
+    for top in TOP_PACKAGES:
+        for path in sorted((ROOT / top).rglob("*.c")):
+            found[".".join(path.relative_to(ROOT).with_suffix("").parts)] = path
+    return found
+
+
 MODULES = _module_files()
+COMPILED = _compiled_modules()
 PUBLIC = sorted(
     name for name in MODULES if not any(part.startswith("_") for part in name.split("."))
 )
@@ -169,10 +180,25 @@ def _has_doc_comment(constant: str) -> bool:
 
 
 def test_walk_packages_agrees_with_the_source_tree() -> None:
-    """Importing the packages finds no module the source walk missed."""
+    """Importing the packages finds no module the source walk missed (a compiled module
+    counts when its C source is in the tree)."""
     seen = set()
     for top in ("walsvc",):
         package = importlib.import_module(top)
         for info in pkgutil.walk_packages(package.__path__, f"{top}."):
             seen.add(info.name)
-    assert seen <= set(MODULES), f"modules outside the source tree: {seen - set(MODULES)}"
+    known = set(MODULES) | set(COMPILED)
+    assert seen <= known, f"modules outside the source tree: {seen - known}"
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED))
+def test_a_compiled_module_has_a_typed_stub(name: str) -> None:
+    """mypy and readers see a C module through its ``.pyi`` stub, which names every
+    function the module defines."""
+    stub = COMPILED[name].with_suffix(".pyi")
+    assert stub.exists(), f"{name} has no stub {stub.name}"
+    stubbed = {
+        n.name for n in _parse(stub.read_text(), str(stub)).body if isinstance(n, ast.FunctionDef)
+    }
+    defined = {f for f in dir(importlib.import_module(name)) if not f.startswith("_")}
+    assert defined == stubbed
