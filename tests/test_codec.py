@@ -12,24 +12,22 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import walsvc
+import walsvc._columns
 import walsvc._compiled
 from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType, TxnContext
 from walsvc._codec import (
     HEADER_SIZE,
     VERSION,
-    HeaderColumns,
     count_run,
     decode,
-    decode_columns,
     decode_run,
     decode_split,
     encode,
     encode_plain_many,
     ext_fields,
-    gather_payloads,
     peek,
-    walk_columns,
 )
+from walsvc._columns import HeaderColumns, decode_columns, gather_payloads, walk_columns
 from walsvc.backends._memory import MemoryMessageId
 
 U64 = st.integers(0, 2**64 - 1)
@@ -558,7 +556,7 @@ def test_the_compiled_header_walk_is_built() -> None:
 def _walk(walker: str, run: bytes | memoryview) -> HeaderColumns | str:
     """The columns one walker reads from ``run``, or the CorruptRecord it raises (each
     walker starts with no vchannel names checked)."""
-    walsvc._codec._column_names.clear()
+    walsvc._columns._column_names.clear()
     try:
         if walker == "compiled":
             return decode_columns(run)

@@ -1,9 +1,10 @@
-/* walsvc._speedups: the compiled form of walsvc._codec's column-wise header walk.
+/* walsvc._speedups: compiled forms of walsvc's hot per-record loops (the column-wise
+ * header walk of walsvc._columns, a batch encoder, two Arrow column builders).
  *
  * decode_columns_into(data, start, end, types, vchannels, timeticks, terms, exts,
  *                     payload_starts, ends, known_types, names, unpack_header, corrupt)
  *
- * does exactly what the loop of walsvc._codec.decode_columns does, record by record,
+ * does exactly what the loop of walsvc._columns.walk_columns does, record by record,
  * appending to the seven lists it is given; it exists because that loop costs about
  * 1.6 us of CPU per record in Python and this one about 0.15 us (the Spark reader's
  * budget: issue 6). Everything that needs judgement stays in Python: a record whose

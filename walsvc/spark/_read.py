@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from scanners import ReorderBuffer, TxnBuffer
 
-from .._codec import HeaderColumns, decode, decode_columns, ext_fields
+from .._codec import decode, ext_fields
+from .._columns import HeaderColumns, decode_columns
 from .._deliver import DeliverPolicy
 from .._errors import WALTruncated
 from .._ids import MessageId, SequenceMessageId

@@ -24,7 +24,7 @@ from pyspark.sql.types import (
 )
 
 from .. import _compiled
-from .._codec import HeaderColumns, gather_payloads
+from .._columns import HeaderColumns, gather_payloads
 from .._message import ImmutableMessage, MessageType
 
 __all__ = ("COLUMNS", "MAX_BATCH_BYTES", "SCHEMA", "RowColumns", "arrow_schema", "data_rows")
