@@ -3,6 +3,8 @@
 PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+# The compiled modules' sources: the editable install compiles them in place.
+C_SOURCES := walsvc/_speedups.c walsvc/backends/_kafka/_cbatches.c
 
 .DEFAULT_GOAL := test
 .PHONY: run test lint typecheck pytest bench bench-quick clean
@@ -13,14 +15,14 @@ $(VENV)/.venv-stamp:
 	$(PY) -m pip install -q --upgrade 'pip>=25.1'
 	touch $@
 
-# The package with what `walsvc demo` uses. The editable install compiles
-# walsvc/_speedups.c in place (walsvc/_speedups.*.so); editing the C file rebuilds.
-$(VENV)/.run-stamp: pyproject.toml walsvc/_speedups.c $(VENV)/.venv-stamp
+# The package with what `walsvc demo` uses. The editable install compiles the C_SOURCES
+# in place (next to each, a .so); editing a C file rebuilds.
+$(VENV)/.run-stamp: pyproject.toml $(C_SOURCES) $(VENV)/.venv-stamp
 	$(PY) -m pip install -q -e '.[uvloop,progress]'
 	touch $@
 
 # The package with every extra, plus the dev group (test, lint, type-check, asv, brokers).
-$(VENV)/.test-stamp: pyproject.toml walsvc/_speedups.c $(VENV)/.venv-stamp
+$(VENV)/.test-stamp: pyproject.toml $(C_SOURCES) $(VENV)/.venv-stamp
 	$(PY) -m pip install -q -e '.[all]' --group dev
 	touch $@
 
@@ -51,5 +53,5 @@ bench-quick: $(VENV)/.test-stamp
 
 clean:
 	rm -rf $(VENV) .asv build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
-	rm -f walsvc/_speedups.*.so
+	rm -f walsvc/_speedups.*.so walsvc/backends/_kafka/_cbatches.*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

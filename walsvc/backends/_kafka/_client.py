@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaError
 from ..._errors import BackendUnavailable
 from ._options import KafkaOptions
 
-__all__ = ("new_admin", "new_consumer", "new_producer", "stop_quietly")
+__all__ = ("ms", "new_admin", "new_consumer", "new_producer", "stop_quietly")
 
 
 async def _start(client: Any, what: str, servers: list[str], options: KafkaOptions) -> None:
@@ -41,14 +41,15 @@ async def stop_quietly(client: Any, options: KafkaOptions) -> None:
         pass
 
 
-def _ms(seconds: float) -> int:
+def ms(seconds: float) -> int:
+    """``seconds`` as the whole milliseconds aiokafka takes (at least 1)."""
     return max(1, int(seconds * 1000))
 
 
 async def new_admin(servers: list[str], options: KafkaOptions) -> Any:
     """A started admin client."""
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=servers, request_timeout_ms=_ms(options.request_timeout)
+        bootstrap_servers=servers, request_timeout_ms=ms(options.request_timeout)
     )
     await _start(admin, "admin", servers, options)
     return admin
@@ -63,7 +64,7 @@ async def new_producer(servers: list[str], options: KafkaOptions, max_bytes: int
         enable_idempotence=False,
         linger_ms=0,
         max_request_size=max_bytes,
-        request_timeout_ms=_ms(options.request_timeout),
+        request_timeout_ms=ms(options.request_timeout),
     )
     await _start(producer, "producer", servers, options)
     return producer
@@ -76,8 +77,8 @@ async def new_consumer(servers: list[str], options: KafkaOptions, *, max_wait: f
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="none",
-        fetch_max_wait_ms=_ms(max_wait),
-        request_timeout_ms=_ms(options.request_timeout),
+        fetch_max_wait_ms=ms(max_wait),
+        request_timeout_ms=ms(options.request_timeout),
         max_partition_fetch_bytes=max(options.max_batch_bytes, 1024 * 1024) * 2,
     )
     await _start(consumer, "consumer", servers, options)

@@ -21,11 +21,8 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Final, NamedTuple
 
-from ..._codec import HEADER_SIZE, decode_split
+from ..._codec import HEADER_SIZE
 from ..._errors import CorruptRecord
-from ..._filter import Filter
-from ..._message import ImmutableMessage
-from ._ids import KafkaMessageId
 
 __all__ = (
     "BARRIER",
@@ -35,7 +32,6 @@ __all__ = (
     "Mark",
     "classify",
     "data_headers",
-    "decode_data",
     "mark_record",
     "split_envelope",
 )
@@ -49,7 +45,7 @@ _OFFSET = struct.Struct(">q")
 _MARK = struct.Struct(">qQ")
 _LENGTHS = struct.Struct("<H18xI")  # vchannel length at 12, ext length at 32
 
-Headers = Sequence[tuple[str, bytes]]
+Headers = Sequence[tuple[str, bytes | None]]
 
 
 class Kind(Enum):
@@ -93,7 +89,13 @@ def classify(offset: int, headers: Headers) -> tuple[Kind, bytes | None]:
     record walsvc did not write."""
     if len(headers) == 2:  # a data record as data_headers lays it out: the hot path
         (key0, where), (key1, head) = headers
-        if key0 == EXPECTED and key1 == ENVELOPE_HEADER and len(where) == 8:
+        if (
+            key0 == EXPECTED
+            and key1 == ENVELOPE_HEADER
+            and where is not None
+            and len(where) == 8
+            and head is not None
+        ):
             if _OFFSET.unpack(where)[0] != offset:
                 return Kind.INVALID, None
             return Kind.DATA, head
@@ -123,16 +125,3 @@ def decode_mark(offset: int, value: bytes) -> Mark:
     if len(value) != _MARK.size:
         raise CorruptRecord(f"Kafka record at offset {offset}: bad walsvc mark")
     return Mark(*_MARK.unpack(value))
-
-
-def decode_data(
-    offset: int, header_section: bytes, payload: bytes | None, selected: Filter
-) -> ImmutableMessage | None:
-    """The message of a valid data record if ``selected`` admits it (else None): the
-    same ``ImmutableMessage`` the file backend returns for that envelope, holding the
-    record's value as its payload (no copy). Raises ``CorruptRecord`` if the bytes do
-    not decode."""
-    message = decode_split(header_section, payload or b"", KafkaMessageId(offset))
-    if selected.is_everything or selected.admits(message):
-        return message
-    return None

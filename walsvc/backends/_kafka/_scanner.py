@@ -1,4 +1,5 @@
-"""Scanners of a pchannel's topic: one group-less consumer each (assign + seek).
+"""Scanners of a pchannel's topic: one ``PartitionFetcher`` each (raw Fetch requests from
+an offset, no consumer group).
 
 Only valid data records are delivered (see ``_records``); barriers, fillers, marks and
 records that landed elsewhere than their writer expected are stepped over, so every
@@ -10,25 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-from aiokafka.errors import KafkaError, OffsetOutOfRangeError
-
-from ..._errors import BackendUnavailable, WALClosed, WALTruncated
+from ..._codec import decode_split
+from ..._errors import WALClosed
 from ..._filter import Filter
 from ..._ids import MessageId
 from ..._message import ImmutableMessage
 from .._base import BackendScanner
-from ._client import new_consumer, stop_quietly
+from ._fetch import PartitionFetcher
 from ._ids import KafkaMessageId
-from ._records import Kind, classify, decode_data
+from ._records import Kind, classify
 
 if TYPE_CHECKING:
     from ._backend import KafkaBackend
 
 __all__ = ("KafkaScanner",)
 
-_POLL_MS: Final = 200
 _FETCH_WAIT: Final = 0.1
 
 
@@ -40,7 +39,7 @@ class KafkaScanner(BackendScanner):
         "_backend",
         "_bounds",
         "_closed",
-        "_consumer",
+        "_fetcher",
         "_latest",
         "_position",
         "_selected",
@@ -57,7 +56,7 @@ class KafkaScanner(BackendScanner):
         self._latest = latest
         self._selected = selected
         self._closed = False
-        self._consumer: Any = None
+        self._fetcher: PartitionFetcher | None = None
         self._position = -1 if start is None else start - 1
         # The end (for latest) is looked up from now on, not at the first read, so the
         # window in which an append can go unseen is one request, not the caller's delay.
@@ -68,7 +67,7 @@ class KafkaScanner(BackendScanner):
     def position(self) -> MessageId | None:
         return KafkaMessageId(self._position) if self._position >= 0 else None
 
-    async def _open(self) -> Any:
+    async def _open(self) -> PartitionFetcher:
         backend = self._backend
         reader = backend.reader
         start = self._start
@@ -77,46 +76,40 @@ class KafkaScanner(BackendScanner):
             first, end = await self._bounds
             start = end if self._latest else first
             self._position = start - 1
-        consumer = await new_consumer(backend.servers, backend.options, max_wait=_FETCH_WAIT)
+        fetcher = PartitionFetcher(
+            backend.servers, backend.options, reader.tp, start, max_wait=_FETCH_WAIT
+        )
+        await fetcher.start()
         if self._closed:
-            await stop_quietly(consumer, backend.options)
+            await fetcher.aclose()
             raise WALClosed("scanner is closed")
-        consumer.assign([reader.tp])
-        consumer.seek(reader.tp, start)
-        self._consumer = consumer
-        return consumer
+        self._fetcher = fetcher
+        return fetcher
 
     async def next_batch(self) -> Sequence[ImmutableMessage]:
         while True:
             if self._closed:
                 raise WALClosed("scanner is closed")
-            consumer = self._consumer
-            if consumer is None:
-                consumer = await self._open()
-            tp = self._backend.reader.tp
-            try:
-                got = (await consumer.getmany(tp, timeout_ms=_POLL_MS)).get(tp, ())
-            except OffsetOutOfRangeError as exc:
-                raise WALTruncated(
-                    f"kafka WAL {tp.topic}: position {self._position + 1} was truncated"
-                ) from exc
-            except KafkaError as exc:
-                if self._closed:
-                    raise WALClosed("scanner is closed") from exc
-                raise BackendUnavailable(f"reading {tp.topic} failed: {exc!r}") from exc
+            fetcher = self._fetcher
+            if fetcher is None:
+                fetcher = await self._open()
+            got = await fetcher.next()
             if self._closed:
                 raise WALClosed("scanner is closed")
             out: list[ImmutableMessage] = []
             selected = self._selected
-            for record in got:
-                kind, head = classify(record.offset, record.headers)
-                if kind is Kind.DATA:
-                    assert head is not None
-                    message = decode_data(record.offset, head, record.value, selected)
-                    if message is not None:
-                        out.append(message)
-            if got:
-                self._position = got[-1].offset
+            everything = selected.is_everything
+            for offset, head, value in got:
+                if not isinstance(head, bytes):  # not a plain data record: ask classify
+                    kind, envelope_header = classify(offset, head)
+                    if kind is not Kind.DATA:
+                        continue
+                    assert envelope_header is not None
+                    head = envelope_header
+                message = decode_split(head, value or b"", KafkaMessageId(offset))
+                if everything or selected.admits(message):
+                    out.append(message)
+            self._position = fetcher.position - 1
             if out:
                 return out
 
@@ -130,6 +123,6 @@ class KafkaScanner(BackendScanner):
             bounds.cancel()
             with contextlib.suppress(BaseException):
                 await bounds
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await stop_quietly(consumer, self._backend.options)
+        fetcher, self._fetcher = self._fetcher, None
+        if fetcher is not None:
+            await fetcher.aclose()
