@@ -24,7 +24,7 @@ import crc32c as _crc32c
 from aiokafka.record.memory_records import MemoryRecords
 
 from ..._errors import CorruptRecord
-from ._records import ENVELOPE_HEADER, EXPECTED
+from ._records import ENVELOPE_HEADER, EXPECTED, expected_offset
 
 __all__ = ("Walked", "walk", "walk_batches_in_python")
 
@@ -32,7 +32,6 @@ __all__ = ("Walked", "walk", "walk_batches_in_python")
 Walked = tuple[int, "bytes | list[tuple[str, bytes | None]]", "bytes | None"]
 
 _BATCH_START = struct.Struct(">qi")  # base offset, batch length
-_OFFSET = struct.Struct(">q")
 _BATCH_OVERHEAD: Final = 12  # base offset + batch length
 _MAGIC_AT: Final = 16
 _MIN_BATCH: Final = 61 - _BATCH_OVERHEAD  # a v2 batch header after its length field
@@ -129,10 +128,8 @@ def _walked(offset: int, headers: list[tuple[str, bytes | None]], value: bytes |
         if (
             key0 == EXPECTED
             and key1 == ENVELOPE_HEADER
-            and where is not None
-            and len(where) == 8
             and head is not None
-            and _OFFSET.unpack(where)[0] == offset
+            and expected_offset(where) == offset
         ):
             return offset, head, value
     return offset, headers, value

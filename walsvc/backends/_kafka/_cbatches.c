@@ -158,6 +158,25 @@ raise_corrupt(PyObject *corrupt, int64_t offset, const char *what)
     return -1;
 }
 
+/* Append (offset, head, value) to out, taking over the reference to head (NULL: the
+ * error that made it is set). 0, or -1 with an exception set. */
+static int
+append_record(PyObject *out, int64_t offset, PyObject *head, const unsigned char *value,
+              int64_t value_len)
+{
+    if (head == NULL) {
+        return -1;
+    }
+    PyObject *item =
+        Py_BuildValue("(LNN)", (long long)offset, head, bytes_or_none(value, value_len));
+    if (item == NULL) {
+        return -1;
+    }
+    int appended = PyList_Append(out, item);
+    Py_DECREF(item);
+    return appended;
+}
+
 /* Read one record at *p (the batch ends at end); append its tuple to out if its offset
  * is at least fetch_offset. 0, or -1 with an exception set. */
 static int
@@ -194,29 +213,14 @@ read_record(const unsigned char **p, const unsigned char *end, int64_t base_offs
             r == r_end && k0_len == KEY_LEN && memcmp(k0, EXPECTED_KEY, KEY_LEN) == 0 &&
             k1_len == KEY_LEN && memcmp(k1, ENVELOPE_KEY, KEY_LEN) == 0 && v0_len == 8 &&
             v1_len >= 0 && be64(v0) == offset) {
-            PyObject *item = Py_BuildValue("(LNN)", (long long)offset,
-                                           bytes_or_none(v1, v1_len),
-                                           bytes_or_none(value, value_len));
-            if (item == NULL) {
-                return -1;
-            }
-            int appended = PyList_Append(out, item);
-            Py_DECREF(item);
-            return appended;
+            return append_record(out, offset, bytes_or_none(v1, v1_len), value, value_len);
         }
     }
     PyObject *list = header_list(headers, r_end, header_count);
     if (list == NULL) {
         return raise_corrupt(corrupt, offset, "a record's headers do not fit it");
     }
-    PyObject *item = Py_BuildValue("(LNN)", (long long)offset, list,
-                                   bytes_or_none(value, value_len));
-    if (item == NULL) {
-        return -1;
-    }
-    int appended = PyList_Append(out, item);
-    Py_DECREF(item);
-    return appended;
+    return append_record(out, offset, list, value, value_len);
 }
 
 static int

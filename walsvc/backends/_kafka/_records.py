@@ -32,6 +32,7 @@ __all__ = (
     "Mark",
     "classify",
     "data_headers",
+    "expected_offset",
     "mark_record",
     "split_envelope",
 )
@@ -89,22 +90,16 @@ def classify(offset: int, headers: Headers) -> tuple[Kind, bytes | None]:
     record walsvc did not write."""
     if len(headers) == 2:  # a data record as data_headers lays it out: the hot path
         (key0, where), (key1, head) = headers
-        if (
-            key0 == EXPECTED
-            and key1 == ENVELOPE_HEADER
-            and where is not None
-            and len(where) == 8
-            and head is not None
-        ):
-            if _OFFSET.unpack(where)[0] != offset:
-                return Kind.INVALID, None
-            return Kind.DATA, head
-    expected: bytes | None = None
+        if key0 == EXPECTED and key1 == ENVELOPE_HEADER:
+            expected = expected_offset(where)
+            if expected is not None and head is not None:
+                return (Kind.DATA, head) if expected == offset else (Kind.INVALID, None)
+    where = None
     payload: bytes | None = None
     kind = Kind.DATA
     for key, value in headers:
         if key == EXPECTED:
-            expected = value
+            where = value
         elif key == ENVELOPE_HEADER:
             payload = value
         elif key == BARRIER:
@@ -113,11 +108,20 @@ def classify(offset: int, headers: Headers) -> tuple[Kind, bytes | None]:
             return Kind.INVALID, None
         elif key == MARK:
             kind, payload = Kind.MARK, value
-    if expected is None or len(expected) != 8 or payload is None:
+    expected = expected_offset(where)
+    if expected is None or payload is None:
         raise CorruptRecord(f"Kafka record at offset {offset} is not a walsvc record")
-    if _OFFSET.unpack(expected)[0] != offset:
+    if expected != offset:
         return Kind.INVALID, None
     return kind, payload
+
+
+def expected_offset(where: bytes | None) -> int | None:
+    """The offset a ``walsvc.o`` header value names; None if it is not one."""
+    if where is None or len(where) != 8:
+        return None
+    offset: int = _OFFSET.unpack(where)[0]
+    return offset
 
 
 def decode_mark(offset: int, value: bytes) -> Mark:
