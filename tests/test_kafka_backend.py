@@ -395,3 +395,20 @@ async def test_broker_paused_mid_stream(paused_broker: Any, request_timeout: flo
         assert [m.payload for m in seen + rest] == [m.payload for m in everything]
     finally:
         await wal.aclose()
+
+
+async def test_closing_a_scanner_ends_its_pending_read_at_once(tansu_url: str) -> None:
+    """A backend scanner waiting at the tail (its fetch in flight, long-polling the
+    broker) raises WALClosed as soon as it is closed, and leaves no fetch behind."""
+    async with await walsvc.open_wal(tansu_url, fresh(), interceptors=[]) as wal:
+        await wal.append(Message(payload=b"x", vchannel="v"))
+        backend = wal.backend
+        scanner = backend.read(DeliverPolicy.all(), walsvc.Filter())
+        assert len(await scanner.next_batch()) == 1
+        waiting = asyncio.create_task(scanner.next_batch())
+        await asyncio.sleep(0.3)  # past the first long poll: a later fetch is in flight
+        assert not waiting.done()
+        async with asyncio.timeout(2):
+            await scanner.aclose()
+            with pytest.raises(walsvc.WALClosed):
+                await waiting

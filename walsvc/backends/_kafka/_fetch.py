@@ -11,7 +11,8 @@ Errors: a transport failure or a retriable broker error (a leader change, an unk
 topic while metadata catches up) is retried with a short backoff, refreshing metadata
 where the error says it is stale, for at most ``request_timeout`` from the first failure;
 then ``BackendUnavailable``. An offset out of range is ``WALTruncated``; any other error
-code ``BackendUnavailable`` naming it.
+code ``BackendUnavailable`` naming it. ``aclose`` cancels the fetch in flight: a ``next``
+waiting for it raises ``WALClosed``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError, for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from ..._errors import BackendUnavailable, WALTruncated
+from ..._errors import BackendUnavailable, WALClosed, WALTruncated
 from ._batches import Walked, walk
 from ._client import ms
 from ._options import KafkaOptions
@@ -49,6 +50,7 @@ class PartitionFetcher:
 
     __slots__ = (
         "_client",
+        "_closed",
         "_fetch_bytes",
         "_max_wait_ms",
         "_options",
@@ -74,7 +76,8 @@ class PartitionFetcher:
         self._max_wait_ms = ms(max_wait)
         self._fetch_bytes = max(options.max_batch_bytes, 1024 * 1024) * 2
         self._client: Any = None
-        self._pending: asyncio.Task[tuple[int, int, bytes]] | None = None
+        self._pending: asyncio.Task[tuple[int, bytes]] | None = None
+        self._closed = False
 
     async def start(self) -> None:
         """Connect and learn the partition's leader, within ``connect_timeout``."""
@@ -96,13 +99,24 @@ class PartitionFetcher:
 
     async def next(self) -> list[Walked]:
         """The records from ``position`` that the next response holds (or none after the
-        broker's long poll); ``position`` moves past them."""
-        pending, self._pending = self._pending, None
+        broker's long poll); ``position`` moves past them. Raises ``WALClosed`` once the
+        fetcher is closed, also when it is closed while this call waits."""
+        if self._closed:
+            raise WALClosed(f"the fetcher of {self.tp.topic} is closed")
         fetch_offset = self.position
-        if pending is None:
-            pending = asyncio.ensure_future(self._fetch(fetch_offset))
-        data_offset, fetch_bytes, data = await pending
-        assert data_offset == fetch_offset
+        pending = self._pending
+        if pending is None:  # aclose cancels the fetch in flight through _pending
+            pending = self._pending = asyncio.ensure_future(self._fetch(fetch_offset))
+        try:
+            fetch_bytes, data = await pending
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and (task is None or not task.cancelling()):
+                raise WALClosed(f"the fetcher of {self.tp.topic} is closed") from None
+            raise
+        finally:
+            if self._pending is pending:
+                self._pending = None
         records, after = walk(data, fetch_offset)
         if after == fetch_offset and data:
             # One batch larger than the fetch size, from a broker that does not send it
@@ -118,12 +132,14 @@ class PartitionFetcher:
             self._pending = asyncio.ensure_future(self._fetch(after))
         return records
 
-    async def _fetch(self, offset: int) -> tuple[int, int, bytes]:
-        """(offset, fetch size, record bytes) of one successful fetch at ``offset``,
-        retrying what is retriable (see the module docstring)."""
+    async def _fetch(self, offset: int) -> tuple[int, bytes]:
+        """(fetch size, record bytes) of one successful fetch at ``offset``, retrying
+        what is retriable (see the module docstring)."""
         client, tp = self._client, self.tp
         failing_since: float | None = None
         while True:
+            if self._closed:
+                raise WALClosed(f"the fetcher of {tp.topic} is closed")
             fetch_bytes = self._fetch_bytes
             try:
                 node = client.cluster.leader_for_partition(tp)
@@ -144,7 +160,7 @@ class PartitionFetcher:
                 if error is OffsetOutOfRangeError:
                     raise WALTruncated(f"kafka WAL {tp.topic}: position {offset} was truncated")
                 if error is None:
-                    return offset, fetch_bytes, data
+                    return fetch_bytes, data
                 if not error.retriable:
                     raise BackendUnavailable(f"fetching {tp.topic} failed: {error.__name__}")
                 if error.invalid_metadata:
@@ -163,6 +179,7 @@ class PartitionFetcher:
 
     async def aclose(self) -> None:
         """Drop the request in flight and close the connections. Idempotent."""
+        self._closed = True
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.cancel()
