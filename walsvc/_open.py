@@ -43,7 +43,8 @@ async def open_wal(
 
     ``interceptors`` is the append chain, outermost first; None builds the default
     (``interceptors.default_chain()``: timetick sync every 10 ms, which first appends a
-    TimeTick straight to the backend, then dedup, exclusive DDL, transactions, redo).
+    TimeTick straight to the backend, then dedup, exclusive DDL, transactions, redo;
+    without redo on a backend whose appends never fail retriably, ``memory://``).
     Each interceptor instance serves one WAL. Their ``ready`` hooks (the opening TimeTick;
     dedup rebuilding its window from the log) run in the background: the first append
     waits for them, reads do not. ``interceptors=[]`` gives a bare WAL: no TimeTicks,
@@ -79,15 +80,15 @@ async def open_wal(
         )
     if read_only and interceptors:
         raise InvalidArgument("a read-only WAL appends nothing, so it takes no interceptors")
+    cls = backend_class(scheme)
     members: Sequence[ChainMember] = ()
     if not read_only:
         if interceptors is None:
             from interceptors import default_chain  # the default implementations
 
-            members = default_chain()
+            members = default_chain(retry=cls.retriable_appends)
         else:
             members = tuple(interceptors)
-    cls = backend_class(scheme)
     backend = await cls.open(
         location, pchannel, read_only=read_only, options=options, max_message_size=max_message_size
     )

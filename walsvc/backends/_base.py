@@ -97,6 +97,9 @@ class Backend(ABC):
     #: then appends each message as it comes; otherwise it gathers concurrent appends
     #: into one batch per loop iteration (see ``walsvc._coalesce``).
     immediate_acks: ClassVar[bool] = False
+    #: False if ``append`` never raises a retriable error (the memory log). The default
+    #: chain ``open_wal`` builds then leaves out ``Redo``, which has nothing to retry.
+    retriable_appends: ClassVar[bool] = True
 
     pchannel: str
     read_only: bool

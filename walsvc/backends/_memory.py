@@ -90,6 +90,7 @@ class MemoryBackend(Backend):
     scheme = "memory"
     message_id_class = MemoryMessageId
     immediate_acks = True
+    retriable_appends = False
 
     def __init__(self, log: _Log, location: str, pchannel: str, read_only: bool) -> None:
         self._log = log
