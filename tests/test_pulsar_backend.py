@@ -7,7 +7,7 @@ import contextlib
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -161,18 +161,27 @@ async def test_reader_at_latest_inclusive_gets_the_last_message(broker: PulsarLi
 
 
 class _RedeliveringReader:
-    """A stand-in for ``pulsar.asyncio.Reader`` that delivers a batch entry again, as
-    Pulsar Lite was seen to do now and then (a fault the real broker produces only
+    """A stand-in for ``pulsar.asyncio.Reader`` whose C reader delivers entries again,
+    as Pulsar Lite was seen to do now and then (a fault the real broker produces only
     intermittently, so it is replayed here)."""
 
     def __init__(self, ids: list[tuple[int, int, int]]) -> None:
-        self._ids = iter(ids)
+        self._reader = _QueuedCReader(ids)
 
     def topic(self) -> str:
         return "fake"
 
-    async def read_next(self) -> Any:
-        ledger, entry, batch = next(self._ids)
+
+class _QueuedCReader:
+    """The C reader's synchronous ``read_next(timeout_ms)`` over a fixed list of ids."""
+
+    def __init__(self, ids: list[tuple[int, int, int]]) -> None:
+        self._ids = list(ids)
+
+    def read_next(self, timeout_ms: int) -> Any:
+        if not self._ids:
+            raise pulsar.Timeout()
+        ledger, entry, batch = self._ids.pop(0)
         return _FakeMessage(pulsar.MessageId(-1, ledger, entry, batch))
 
 
@@ -191,17 +200,19 @@ class _FakeMessage:
 
 
 async def test_redelivered_messages_are_dropped() -> None:
-    from walsvc.backends._pulsar import _log
+    from walsvc.backends._pulsar import _log, _reader
 
     delivered = [(0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 2, 0)]
-    reader: Any = _RedeliveringReader(delivered)
-    got = [(await _log.read_link(reader)).id for _ in range(4)]
+    reader = _reader.OrderedReader(cast(Any, _RedeliveringReader(delivered)))
+    dropped = _reader.redeliveries_dropped
+    got = [link.id for link in await _log.read_links(reader)]
     assert got == [
         PulsarMessageId(0, 1, 0),
         PulsarMessageId(0, 1, 1),
         PulsarMessageId(0, 1, 2),
         PulsarMessageId(0, 2, 0),
     ]
+    assert _reader.redeliveries_dropped == dropped + 3
 
 
 @pytest.mark.xfail(

@@ -1,4 +1,4 @@
-"""Reading a pchannel's topic: readers at exact positions, and the tail tracker.
+"""Reading a pchannel's topic: readers at exact positions, links, and the tail tracker.
 
 ``TailTracker`` answers ``latest_message_id`` and ``last_timetick`` by applying the chain
 rule to the log incrementally: each refresh reads only what was appended since the last
@@ -17,9 +17,10 @@ import pulsar.asyncio as pulsar_asyncio
 from ..._errors import BackendUnavailable, CorruptRecord, WALClosed
 from ._client import PULSAR_ERRORS, pulsar_id, translate
 from ._ids import PulsarMessageId
+from ._reader import BATCH, OrderedReader
 from ._records import ChainValidator, Link, foreign, parse
 
-__all__ = ("TailTracker", "create_reader", "read_link")
+__all__ = ("TailTracker", "create_reader", "read_links")
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
@@ -31,8 +32,7 @@ async def create_reader(
     start: PulsarMessageId | str,
     *,
     inclusive: bool,
-    receiver_queue_size: int = 1000,
-) -> pulsar_asyncio.Reader:
+) -> OrderedReader:
     """A reader of ``topic`` from ``start`` (an id, ``EARLIEST`` or ``LATEST``)."""
     if start == EARLIEST:
         start_id: Any = pulsar.MessageId.earliest
@@ -42,45 +42,33 @@ async def create_reader(
         assert isinstance(start, PulsarMessageId)
         start_id = pulsar_id(start)
     try:
-        return await client.create_reader(
+        reader = await client.create_reader(
             topic,
             start_id,
             start_message_id_inclusive=inclusive,
-            receiver_queue_size=receiver_queue_size,
+            receiver_queue_size=BATCH,
         )
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a reader of {topic}") from exc
+    return OrderedReader(reader)
 
 
-#: Messages a reader delivered again (ids not above the previous one) and that were
-#: dropped; Pulsar Lite re-sends a whole batch entry to a reader whose receiver queue
-#: runs out of permits in the middle of it.
-redeliveries_dropped = 0
-
-
-async def read_link(reader: pulsar_asyncio.Reader, *, lenient: bool = False) -> Link:
-    """The next message of ``reader`` as a ``Link``, in strictly increasing id order
-    (re-deliveries are dropped); pulsar errors translated. A message that is not a walsvc
-    record raises ``CorruptRecord``, or with ``lenient`` comes back as a foreign link
-    (one that is never valid and breaks the chain of what follows it)."""
-    global redeliveries_dropped
-    last: PulsarMessageId | None = getattr(reader, "_walsvc_last", None)
-    while True:
+async def read_links(reader: OrderedReader, *, lenient: bool = False) -> list[Link]:
+    """The next messages of ``reader`` as ``Link``s (see ``OrderedReader.next_batch``:
+    in strictly increasing id order, empty only when all that came were re-deliveries).
+    A message that is not a walsvc record raises ``CorruptRecord``, or with ``lenient``
+    comes back as a foreign link (one that is never valid and breaks the chain of what
+    follows it)."""
+    batch = await reader.next_batch()
+    if not lenient:
+        return [parse(message, message_id) for message_id, message in batch]
+    links: list[Link] = []
+    for message_id, message in batch:
         try:
-            message = await reader.read_next()
-        except PULSAR_ERRORS as exc:
-            raise translate(exc, f"reading {reader.topic()} failed") from exc
-        message_id = PulsarMessageId.of(message.message_id())
-        if last is not None and message_id <= last:
-            redeliveries_dropped += 1
-            continue
-        reader._walsvc_last = message_id
-        if not lenient:
-            return parse(message, message_id)
-        try:
-            return parse(message, message_id)
+            links.append(parse(message, message_id))
         except CorruptRecord:
-            return foreign(message_id)
+            links.append(foreign(message_id))
+    return links
 
 
 async def close_quietly(resource: Any, seconds: float) -> None:
@@ -172,14 +160,10 @@ class TailTracker:
                 at_bound = (
                     self.scanned is not None and (self.scanned.ledger, self.scanned.entry) >= bound
                 )
-                if at_bound:
-                    try:
-                        more = await reader.has_message_available()
-                    except PULSAR_ERRORS as exc:
-                        raise translate(exc, f"reading {self._topic} failed") from exc
-                    if not more:
-                        return
-                self._note(await read_link(reader, lenient=True))
+                if at_bound and not await reader.has_message_available():
+                    return
+                for link in await read_links(reader, lenient=True):
+                    self._note(link)
         finally:
             await close_quietly(reader, self._timeout)
 

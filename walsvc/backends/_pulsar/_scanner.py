@@ -1,7 +1,7 @@
 """The ``pulsar://`` backend scanner: one long-lived reading task feeding a bounded queue.
 
-The task owns the Pulsar reader: ``read_next`` is never cancelled while the scanner
-lives (a cancelled read could swallow a message), only when the scanner closes. It
+The task owns the Pulsar reader (an ``OrderedReader``: every message once, in log order)
+and takes from it a batch at a time, everything the reader's receiver queue holds. It
 positions the reader so that the chain rule can be checked from the first message it
 delivers (see ``_records``): to start at X it reads X, then reopens at the id X's group
 names as its predecessor and validates forward from there.
@@ -21,13 +21,12 @@ from ..._filter import Filter
 from ..._message import ImmutableMessage
 from .._base import BackendScanner
 from ._ids import PulsarMessageId
-from ._log import EARLIEST, LATEST, close_quietly, create_reader, read_link
+from ._log import EARLIEST, LATEST, close_quietly, create_reader, read_links
 from ._records import ChainValidator, Link
 
 if TYPE_CHECKING:
-    import pulsar.asyncio as pulsar_asyncio
-
     from ._backend import PulsarBackend
+    from ._reader import OrderedReader
 
 __all__ = ("PulsarScanner",)
 
@@ -83,17 +82,19 @@ class PulsarScanner(BackendScanner):
     # -- the reading task ---------------------------------------------------------------
 
     async def _pump(self, deliver: DeliverPolicy) -> None:
-        reader: pulsar_asyncio.Reader | None = None
+        reader: OrderedReader | None = None
         backend = self._backend
         try:
-            reader, validator, after, floor = await self._position(deliver)
+            reader, validator, after, floor, links = await self._position(deliver)
             while True:
-                link = await read_link(reader)
-                valid = validator.push(link)
-                if valid:
-                    batch = self._decode(valid, after, floor)
-                    if batch:
-                        await self._queue.put(batch)
+                batch: list[ImmutableMessage] = []
+                for link in links:
+                    valid = validator.push(link)
+                    if valid:
+                        batch += self._decode(valid, after, floor)
+                if batch:
+                    await self._queue.put(batch)
+                links = await read_links(reader)
         except asyncio.CancelledError:
             raise
         except WALError as exc:
@@ -106,20 +107,21 @@ class PulsarScanner(BackendScanner):
 
     async def _position(
         self, deliver: DeliverPolicy
-    ) -> tuple[pulsar_asyncio.Reader, ChainValidator, PulsarMessageId | None, bool]:
-        """(a reader, its validator, the id bound, whether the bound is inclusive):
-        deliver valid messages with id >= bound (inclusive) or > bound."""
+    ) -> tuple[OrderedReader, ChainValidator, PulsarMessageId | None, bool, list[Link]]:
+        """(a reader, its validator, the id bound, whether the bound is inclusive, the
+        links already read that the validator has yet to see): deliver valid messages
+        with id >= bound (inclusive) or > bound."""
         backend = self._backend
         client, topic = backend.client, backend.topic
         if deliver.kind == "all":
             reader = await create_reader(client, topic, EARLIEST, inclusive=True)
-            return reader, ChainValidator(), None, True
+            return reader, ChainValidator(), None, True, []
         if deliver.kind == "latest":
             end = backend.known_end()
             if end is None:
                 reader = await create_reader(client, topic, LATEST, inclusive=False)
-                first = await read_link(reader)
-                return await self._anchor(reader, first, first.id, inclusive=True)
+                links = await _first_links(reader)
+                return await self._anchor(reader, links, links[0].id, inclusive=True)
             start, inclusive = end, False
         else:
             message_id = deliver.message_id
@@ -127,29 +129,30 @@ class PulsarScanner(BackendScanner):
                 raise CorruptRecord(f"{message_id!r} is not a pulsar:// message id")
             start, inclusive = message_id, deliver.kind == "start_from"
         reader = await create_reader(client, topic, start, inclusive=True)
-        first = await read_link(reader)
-        return await self._anchor(reader, first, start, inclusive=inclusive)
+        links = await _first_links(reader)
+        return await self._anchor(reader, links, start, inclusive=inclusive)
 
     async def _anchor(
         self,
-        reader: pulsar_asyncio.Reader,
-        first: Link,
+        reader: OrderedReader,
+        links: list[Link],
         bound: PulsarMessageId,
         *,
         inclusive: bool,
-    ) -> tuple[pulsar_asyncio.Reader, ChainValidator, PulsarMessageId, bool]:
-        """Continue from ``first`` (the first message at or after ``bound``) with a
+    ) -> tuple[OrderedReader, ChainValidator, PulsarMessageId, bool, list[Link]]:
+        """Continue from ``links[0]`` (the first message at or after ``bound``) with a
         validator that knows enough of the log before it to judge it."""
         validator = ChainValidator()
+        first = links[0]
         ends_group = first.barrier or first.member == first.members - 1
         if first.barrier or (not inclusive and first.id == bound and ends_group):
             validator.push(first)  # nothing before it matters for what follows
-            return reader, validator, bound, inclusive
+            return reader, validator, bound, inclusive, links[1:]
         assert first.prev is not None
         await close_quietly(reader, self._backend.options.operation_timeout)
         backend = self._backend
         reader = await create_reader(backend.client, backend.topic, first.prev, inclusive=True)
-        return reader, validator, bound, inclusive
+        return reader, validator, bound, inclusive, []
 
     def _decode(
         self, valid: list[Link], bound: PulsarMessageId | None, inclusive: bool
@@ -163,3 +166,11 @@ class PulsarScanner(BackendScanner):
             if selected.is_everything or selected.admits(message):
                 out.append(message)
         return out
+
+
+async def _first_links(reader: OrderedReader) -> list[Link]:
+    """The next links of ``reader``: at least one."""
+    while True:
+        links = await read_links(reader)
+        if links:
+            return links

@@ -37,7 +37,7 @@ consumer sharing that connection.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import pulsar
 
@@ -52,6 +52,7 @@ from ..._subscriptions import (
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId
 from ._log import TailTracker, close_quietly
+from ._reader import OrderedReader
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
@@ -190,12 +191,15 @@ class PulsarSubscriptionStore(SubscriptionStore):
             start = pulsar.MessageId(
                 scanned.partition, scanned.ledger, scanned.entry, scanned.batch
             )
-        reader = await self._client.create_reader(
-            self.topic, start, is_read_compacted=True, start_message_id_inclusive=False
+        reader = OrderedReader(
+            await self._client.create_reader(
+                self.topic, start, is_read_compacted=True, start_message_id_inclusive=False
+            )
         )
         try:
             while await reader.has_message_available():
-                self._note(await reader.read_next())
+                for message_id, message in await reader.next_batch():
+                    self._note(message_id, message)
         finally:
             await close_quietly(reader, self._timeout)
 
@@ -207,8 +211,9 @@ class PulsarSubscriptionStore(SubscriptionStore):
         finally:
             await tracker.aclose()
 
-    def _note(self, message: pulsar.Message) -> None:
-        message_id = PulsarMessageId.of(message.message_id())
+    def _note(self, message_id: PulsarMessageId, message: Any) -> None:
+        """Take in one record (a message of the client's C reader) stored at
+        ``message_id``."""
         if self._scanned is not None and message_id <= self._scanned:
             return  # delivered again
         key = message.partition_key()

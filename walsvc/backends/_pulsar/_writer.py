@@ -51,7 +51,7 @@ from ..._errors import (
 )
 from ._client import PULSAR_ERRORS, GroupAcks, translate
 from ._ids import PulsarMessageId
-from ._log import close_quietly, create_reader, read_link
+from ._log import close_quietly, create_reader, read_links
 from ._records import ChainValidator, Link, data_properties, split_envelope
 
 #: The marker property of a seal (readers drop seals by the chain rule, not by it).
@@ -364,7 +364,7 @@ class GroupWriter:
                         if links and links[-1].id >= last_needed:
                             if not await reader.has_message_available():
                                 break
-                        links.append(await read_link(reader, lenient=True))
+                        links += await read_links(reader, lenient=True)
                 finally:
                     await close_quietly(reader, self._timeout)
         except (TimeoutError, WALError, *PULSAR_ERRORS) as exc:

@@ -1,0 +1,168 @@
+"""Reading a topic's messages in log order, without the client's asynchronous receive.
+
+pulsar-client's ``read_next_async`` (what ``pulsar.asyncio.Reader.read_next`` awaits)
+can hand out a message ahead of the one queued just before it. When a message arrives,
+the C++ consumer first checks, under a lock, whether an asynchronous receive is waiting,
+and only after releasing that lock puts the message in its receiver queue
+(``ConsumerImpl::executeNotifyCallback``, pulsar-client-cpp). A receive registered in
+between finds the queue empty and waits for the *next* message, while this one sits in
+the queue: the reader sees N+1 before N, and at the end of a topic it does not see N at
+all until some later message arrives. walsvc drops an id below the last one as a
+re-delivery, so N would be lost to the scan (seen once in about 15 runs of the Pulsar
+conformance test, with a scanner that keeps up with its writer).
+
+``OrderedReader`` never registers an asynchronous receive. It pops the receiver queue
+synchronously: on the event loop, what is already queued (about 2 us a message, the GIL
+released); in a worker thread, blocking, when the queue is empty. Messages then leave in
+exactly the order the client's I/O thread queued them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, final
+
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+
+from ._client import PULSAR_ERRORS, translate
+from ._ids import PulsarMessageId
+
+__all__ = ("OrderedReader", "redeliveries_dropped")
+
+#: The most messages one ``next_batch`` returns (the readers' receiver queue size).
+BATCH: Final = 1000
+#: How long one blocking pop in a worker thread waits before it returns empty-handed
+#: (and the event loop starts another): the longest a worker stays with one reader.
+_WAIT_MS: Final = 200
+#: Worker threads shared by every waiting reader of the process. A reader waits in one
+#: only while its queue is empty; with more readers than this waiting at once, each gets
+#: a worker in turn (for up to ``_WAIT_MS`` at a time).
+_WORKERS: Final = 64
+
+#: Messages a reader delivered again (ids not above the previous one) and that were
+#: dropped; Pulsar Lite re-sends ranges of entries to a reader now and then.
+redeliveries_dropped = 0
+
+_executor: ThreadPoolExecutor | None = None
+_executor_pid = 0
+
+
+def _waiters() -> ThreadPoolExecutor:
+    """The process's worker threads for blocking pops (made anew in a forked child)."""
+    global _executor, _executor_pid
+    if _executor is None or _executor_pid != os.getpid():
+        _executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="walsvc-pulsar-read")
+        _executor_pid = os.getpid()
+    return _executor
+
+
+def _pop_queued(raw: Any, limit: int) -> list[Any]:
+    """Up to ``limit`` messages the C reader ``raw`` already holds, without waiting."""
+    out: list[Any] = []
+    while len(out) < limit:
+        try:
+            out.append(raw.read_next(0))
+        except pulsar.Timeout:
+            break
+    return out
+
+
+def _wait_for_messages(raw: Any) -> list[Any]:
+    """In a worker thread: block (up to ``_WAIT_MS``) for the next message of ``raw``,
+    then take whatever else it holds. Empty if nothing came."""
+    try:
+        first = raw.read_next(_WAIT_MS)
+    except pulsar.Timeout:
+        return []
+    return [first, *_pop_queued(raw, BATCH - 1)]
+
+
+def _retrieve(future: asyncio.Future[list[Any]]) -> None:
+    """Mark the outcome of an abandoned wait as seen (it fails once the reader closes)."""
+    if not future.cancelled():
+        future.exception()
+
+
+@final
+class OrderedReader:
+    """The messages of one ``pulsar.asyncio.Reader``, each once, in strictly increasing
+    id order (a message delivered again, at or below the last id returned, is dropped).
+    One task reads it at a time."""
+
+    __slots__ = ("_last", "_raw", "_reader", "_waiting")
+
+    def __init__(self, reader: pulsar_asyncio.Reader) -> None:
+        self._reader = reader
+        self._raw: Any = reader._reader  # the C reader under pulsar.asyncio's
+        self._last: PulsarMessageId | None = None
+        #: A blocking pop running in a worker; a cancelled ``next_batch`` leaves it for
+        #: the next call, so what it pops is not lost.
+        self._waiting: asyncio.Future[list[Any]] | None = None
+
+    def topic(self) -> str:
+        """The topic read."""
+        return str(self._reader.topic())
+
+    async def next_batch(self) -> list[tuple[PulsarMessageId, Any]]:
+        """The next messages (at most ``BATCH``) with their ids: every message already
+        queued, or, when none is, the first to arrive and what came with it. Empty only
+        if every message that came was a re-delivery (so a caller reading to a bound can
+        look at ``has_message_available`` again). Pulsar errors are translated
+        (``WALClosed`` once the reader is closed). Cancelling it loses no message."""
+        messages: list[Any] = []
+        while not messages:
+            if self._waiting is None:
+                try:
+                    messages = _pop_queued(self._raw, BATCH)
+                except PULSAR_ERRORS as exc:
+                    raise translate(exc, f"reading {self.topic()} failed") from exc
+                if messages:
+                    break
+                self._waiting = asyncio.get_running_loop().run_in_executor(
+                    _waiters(), _wait_for_messages, self._raw
+                )
+            waiting = self._waiting
+            try:
+                messages = await asyncio.shield(waiting)
+            except PULSAR_ERRORS as exc:
+                raise translate(exc, f"reading {self.topic()} failed") from exc
+            finally:
+                if waiting.done():
+                    self._waiting = None
+        return self._fresh(messages)
+
+    def _fresh(self, messages: list[Any]) -> list[tuple[PulsarMessageId, Any]]:
+        global redeliveries_dropped
+        last = self._last
+        out: list[tuple[PulsarMessageId, Any]] = []
+        for message in messages:
+            message_id = PulsarMessageId.of(message.message_id())
+            if last is not None and message_id <= last:
+                redeliveries_dropped += 1
+                continue
+            out.append((message_id, message))
+            last = message_id
+        self._last = last
+        return out
+
+    async def has_message_available(self) -> bool:
+        """Whether the topic holds a message after the last one ``next_batch`` returned
+        (the client asks the broker if none is queued). Only between reads: a wait left
+        by a cancelled ``next_batch`` may be holding that message, so with one
+        outstanding this raises ``RuntimeError``."""
+        if self._waiting is not None:
+            raise RuntimeError("has_message_available while a cancelled read still waits")
+        try:
+            return bool(await self._reader.has_message_available())
+        except PULSAR_ERRORS as exc:
+            raise translate(exc, f"reading {self.topic()} failed") from exc
+
+    async def close(self) -> None:
+        """Close the reader (a blocking pop in a worker wakes at once and fails)."""
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.add_done_callback(_retrieve)
+        await self._reader.close()
