@@ -85,33 +85,39 @@ async def test_a_reader_keeping_up_with_its_writer_gets_every_message_once_in_or
     assert sorted(payloads, key=int) == [b"%d" % i for i in range(count)]
 
 
-async def test_a_reader_at_the_end_wakes_for_the_next_message(
+@pytest.fixture
+async def at_the_end(
     topic_client: tuple[pulsar_asyncio.Client, str],
-) -> None:
+) -> AsyncIterator[tuple[pulsar_asyncio.Producer, OrderedReader]]:
+    """A producer and a reader that has read the one message of its topic."""
     client, topic = topic_client
     producer = await client.create_producer(topic)
     await producer.send(b"first")
     reader = await _reader(client, topic, pulsar.MessageId.earliest)
     async with asyncio.timeout(HANG):
         assert [m.data() for _, m in await reader.next_batch()] == [b"first"]
+    yield producer, reader
+    await reader.close()
+    await producer.close()
+
+
+async def test_a_reader_at_the_end_wakes_for_the_next_message(
+    at_the_end: tuple[pulsar_asyncio.Producer, OrderedReader],
+) -> None:
+    producer, reader = at_the_end
+    async with asyncio.timeout(HANG):
         waiting = asyncio.create_task(reader.next_batch())
         await asyncio.sleep(0.5)  # longer than one blocking pop: it waits again
         assert not waiting.done()
         await producer.send(b"second")
         assert [m.data() for _, m in await waiting] == [b"second"]
-    await reader.close()
-    await producer.close()
 
 
 async def test_a_cancelled_read_loses_nothing(
-    topic_client: tuple[pulsar_asyncio.Client, str],
+    at_the_end: tuple[pulsar_asyncio.Producer, OrderedReader],
 ) -> None:
-    client, topic = topic_client
-    producer = await client.create_producer(topic)
-    await producer.send(b"first")
-    reader = await _reader(client, topic, pulsar.MessageId.earliest)
+    producer, reader = at_the_end
     async with asyncio.timeout(HANG):
-        await reader.next_batch()
         for _ in range(3):  # each cancelled while its worker waits for a message
             waiting = asyncio.create_task(reader.next_batch())
             await asyncio.sleep(0.05)
@@ -123,22 +129,15 @@ async def test_a_cancelled_read_loses_nothing(
         await producer.send(b"second")
         assert [m.data() for _, m in await reader.next_batch()] == [b"second"]
         assert not await reader.has_message_available()
-    await reader.close()
-    await producer.close()
 
 
 async def test_closing_ends_a_waiting_read_at_once(
-    topic_client: tuple[pulsar_asyncio.Client, str],
+    at_the_end: tuple[pulsar_asyncio.Producer, OrderedReader],
 ) -> None:
-    client, topic = topic_client
-    producer = await client.create_producer(topic)
-    await producer.send(b"first")
-    reader = await _reader(client, topic, pulsar.MessageId.earliest)
+    _, reader = at_the_end
     async with asyncio.timeout(HANG):
-        await reader.next_batch()
         waiting = asyncio.create_task(reader.next_batch())
         await asyncio.sleep(0.05)
         await reader.close()
         with pytest.raises(walsvc.WALClosed):
             await waiting
-    await producer.close()
