@@ -68,6 +68,23 @@ class ExclusiveLock:
         finally:
             self._leave(vchannel)
 
+    def admit_plain(self, message: Message) -> bool:
+        """``do_append`` without a coroutine (``walsvc.PlainAdmission``) for a message
+        that is not exclusive and whose vchannel no exclusive message holds back: count
+        it in flight. False for any other message."""
+        if message.type in EXCLUSIVE_TYPES:
+            return False
+        vchannel = message.vchannel
+        if self._gates and self._held(vchannel):
+            return False
+        in_flight = self._in_flight
+        in_flight[vchannel] = in_flight.get(vchannel, 0) + 1
+        return True
+
+    def release_plain(self, message: Message) -> None:
+        """An append ``admit_plain`` took has finished."""
+        self._leave(message.vchannel)
+
     async def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> list[AppendResult]:

@@ -14,6 +14,7 @@ from walsvc.backends import Backend, BackendScanner
 from walsvc.backends._memory import MemoryBackend, MemoryMessageId
 
 SCHEME = "faultymem"
+NOW_SCHEME = "faultynow"
 _MODULE = "_walsvc_test_faulty_backend"
 
 
@@ -86,11 +87,33 @@ class FaultyBackend(Backend):
         await self._inner.aclose()
 
 
+class ImmediateFaultyBackend(FaultyBackend):
+    """``FaultyBackend`` with ``immediate_acks`` (``faultynow://NAME``): the faults come
+    from ``append_now``, which the WAL calls for single plain appends."""
+
+    scheme = NOW_SCHEME
+    immediate_acks = True
+
+    def append_now(self, records: Sequence[bytes]) -> Sequence[MessageId]:
+        plan = self.faults.get(self.pchannel)
+        fault = plan.pop(0) if plan else "ok"
+        if fault == "unavailable":
+            raise walsvc.BackendUnavailable("injected: broker unreachable")
+        if fault == "lost-write":
+            raise OSError("injected: connection reset before the write")
+        ids = self._inner.append_now(records)
+        if fault == "lost-ack":
+            raise OSError("injected: connection reset before the ack")
+        return ids
+
+
 def register() -> None:
-    """Make ``faultymem://`` known (idempotent)."""
-    if SCHEME in walsvc.known_schemes():
-        return
-    module = types.ModuleType(_MODULE)
-    module.backend_class = FaultyBackend  # type: ignore[attr-defined]
-    sys.modules[_MODULE] = module
-    walsvc.register_backend(SCHEME, _MODULE)
+    """Make ``faultymem://`` and ``faultynow://`` known (idempotent)."""
+    for scheme, backend_class in ((SCHEME, FaultyBackend), (NOW_SCHEME, ImmediateFaultyBackend)):
+        if scheme in walsvc.known_schemes():
+            continue
+        name = f"{_MODULE}_{scheme}"
+        module = types.ModuleType(name)
+        module.backend_class = backend_class  # type: ignore[attr-defined]
+        sys.modules[name] = module
+        walsvc.register_backend(scheme, name)

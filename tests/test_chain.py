@@ -158,3 +158,71 @@ async def test_a_plain_batch_gets_consecutive_ticks_and_one_last_confirmed_id(ur
     stored = {m.message_id: m for m in log}
     assert [stored[r.message_id].timetick for r in batch] == ticks
     assert dict(stored[mixed[1].message_id].properties) == {"k": "v"}
+
+
+class Admitting(Recorder):
+    """A ``PlainAdmission`` member: admits plain messages unless their payload is
+    b"refuse NAME"; records admissions and releases besides ``do_append``."""
+
+    def admit_plain(self, message: Message) -> bool:
+        if message.payload == f"refuse {self.name}".encode():
+            self.calls.append(f"{self.name} refused")
+            return False
+        self.calls.append(f"{self.name} admit")
+        return True
+
+    def release_plain(self, message: Message) -> None:
+        self.calls.append(f"{self.name} release")
+
+
+async def test_plain_appends_skip_do_append_when_every_member_admits_them() -> None:
+    """Both members admit: no ``do_append``, releases after the append, also after a
+    failed one. The second refuses: the first releases what it took and the message
+    goes down the chain through both ``do_append``s."""
+    calls: list[str] = []
+    url = f"memory://{uuid.uuid4().hex}"
+    wal = await walsvc.open_wal(
+        url, "p", interceptors=[Admitting("a", calls), Admitting("b", calls)]
+    )
+    await wal.append(data(b"x"))
+    assert calls == ["a admit", "b admit", "a release", "b release"]
+    calls.clear()
+    await wal.append(data(b"refuse b"))
+    assert calls == ["a admit", "b refused", "a release", "a>", "b>", "<b", "<a"]
+    calls.clear()
+    await wal.append(Message(payload=b"k", vchannel="v", idempotency_key="k1"))
+    assert calls == ["a>", "b>", "<b", "<a"], "a keyed message is not plain"
+    calls.clear()
+    async with await walsvc.open_wal(url, "p", interceptors=[]):  # fences wal
+        with pytest.raises(walsvc.WALFenced):
+            await wal.append(data(b"y"))
+    assert calls == ["a admit", "b admit", "a release", "b release"]
+    await wal.aclose()
+
+
+async def test_one_member_without_admission_keeps_every_plain_append_in_do_append() -> None:
+    calls: list[str] = []
+    chain = [Admitting("a", calls), Recorder("b", calls)]
+    async with await walsvc.open_wal(
+        f"memory://{uuid.uuid4().hex}", "p", interceptors=chain
+    ) as wal:
+        await wal.append(data(b"x"))
+    assert calls == ["a>", "b>", "<b", "<a"]
+
+
+async def test_an_append_acknowledged_at_once_fails_as_an_awaited_one_would() -> None:
+    """The synchronous path (``Backend.append_now``): a failure before the write is the
+    backend's typed error and writes nothing; one after it is ``AppendOutcomeUnknown``."""
+    url = f"{_faulty.NOW_SCHEME}://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(url, "p", interceptors=[]) as wal:
+        _faulty.FaultyBackend.faults["p"] = ["unavailable", "lost-write", "lost-ack"]
+        with pytest.raises(walsvc.BackendUnavailable, match="unreachable"):
+            await wal.append(data(b"unavailable"))
+        with pytest.raises(walsvc.AppendOutcomeUnknown, match="may or may not be in the log"):
+            await wal.append(data(b"lost-write"))
+        with pytest.raises(walsvc.AppendOutcomeUnknown, match="may or may not be in the log"):
+            await wal.append(data(b"lost-ack"))
+        landed = await wal.append(data(b"ok"))
+        log = await log_of(wal)
+    assert [m.payload for m in log] == [b"lost-ack", b"ok"]
+    assert log[-1].message_id == landed.message_id

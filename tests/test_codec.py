@@ -23,7 +23,9 @@ from walsvc._codec import (
     decode_run,
     decode_split,
     encode,
+    encode_plain,
     encode_plain_many,
+    encode_plain_message,
     ext_fields,
     peek,
 )
@@ -625,6 +627,17 @@ def test_the_compiled_batch_encoder_writes_what_encode_plain_writes(
     assert encode_plain_many(messages, first_tick, term, ext, limit) == _in_python(
         encode_plain_many, messages, first_tick, term, ext, limit
     )
+
+
+@given(plain_messages, st.integers(0, 2**62), U64, st.binary(max_size=40), st.integers(0, 4_000))
+def test_the_compiled_single_encoder_writes_what_encode_plain_writes(
+    message: Message, tick: int, term: int, ext: bytes, limit: int
+) -> None:
+    """Byte for byte, and None exactly when the envelope passes the limit."""
+    record = encode_plain(message.type, message.vchannel, message.payload, tick, term, ext)
+    expected = record if len(record) <= limit else None
+    assert encode_plain_message(message, tick, term, ext, limit) == expected
+    assert _in_python(encode_plain_message, message, tick, term, ext, limit) == expected
 
 
 @given(st.lists(envelopes(), max_size=6))

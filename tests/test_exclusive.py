@@ -18,6 +18,7 @@ from walsvc import (
     MessageType,
 )
 from walsvc._chain import AppendNext
+from walsvc.backends._memory import MemoryMessageId
 
 _faulty.register()
 
@@ -153,3 +154,35 @@ async def test_a_broadcast_ddl_rolls_back_every_open_transaction(url: str) -> No
         log = await log_of(wal)
     rolled_back = {m.txn for m in log if m.type is MessageType.ROLLBACK_TXN}
     assert rolled_back == {txn.context for txn in txns}
+
+
+async def test_admitted_plain_appends_count_in_flight_and_see_the_gates() -> None:
+    """``admit_plain`` (the WAL's way for a plain message appended on its own): an
+    admitted append holds back a DDL of its vchannel until ``release_plain``; while that
+    DDL is pending, plain messages of its vchannel are refused (they wait in
+    ``do_append``) and those of other vchannels admitted; an exclusive type is never
+    admitted."""
+    lock = ExclusiveLock()
+    appended: list[bytes] = []
+
+    async def call_next(message: Message) -> AppendResult:
+        appended.append(message.payload)
+        return AppendResult(MemoryMessageId(len(appended)), len(appended), None)
+
+    plain = data(b"plain")
+    assert lock.admit_plain(plain)
+    ddl = asyncio.ensure_future(
+        lock.do_append(data(b"ddl", type=MessageType.DROP_PARTITION), call_next)
+    )
+    await asyncio.sleep(0)
+    assert not ddl.done(), "the DDL waits for the admitted append"
+    assert not lock.admit_plain(data(b"later")), "held back behind the pending DDL"
+    elsewhere = data(b"elsewhere", vchannel="v2")
+    assert lock.admit_plain(elsewhere)
+    lock.release_plain(elsewhere)
+    assert not lock.admit_plain(data(b"", type=MessageType.DROP_PARTITION, vchannel="v3"))
+    lock.release_plain(plain)
+    await ddl
+    assert appended == [b"ddl"]
+    assert lock.admit_plain(data(b"after"))
+    lock.release_plain(data(b"after"))

@@ -12,6 +12,7 @@ from ._chain import (
     ClosingInterceptor,
     Interceptor,
     InterceptorContext,
+    PlainAdmission,
     ReadyInterceptor,
 )
 from ._codec import EnvelopeHeader, peek
@@ -91,6 +92,7 @@ __all__ = (
     "MessageTooLarge",
     "MessageType",
     "Node",
+    "PlainAdmission",
     "ReadyInterceptor",
     "Routing",
     "RoutingMismatch",

@@ -27,12 +27,14 @@ __all__ = (
     "ClosingInterceptor",
     "Interceptor",
     "InterceptorContext",
+    "PlainAdmission",
     "ReadyInterceptor",
     "TickListener",
     "build_batch_chain",
     "build_chain",
     "is_plain",
     "passes_plain_messages",
+    "plain_admitters",
 )
 
 
@@ -80,6 +82,31 @@ class BatchInterceptor(Protocol):
     ) -> Awaitable[list[AppendResult]]:
         """Append ``messages`` in order by calling ``call_next`` (or otherwise); may pass
         ``call_next(messages)`` through unawaited, as ``do_append`` may."""
+        ...
+
+
+@runtime_checkable
+class PlainAdmission(Protocol):
+    """Optional: lets a plain message (see ``is_plain``) appended on its own skip the
+    interceptor's ``do_append`` when all it does there is synchronous bookkeeping around
+    the append (``ExclusiveLock`` counting the appends in flight per vchannel).
+
+    The WAL asks ``admit_plain(message)`` instead of calling ``do_append``. True: the
+    interceptor took the message as ``do_append`` would have before its ``call_next``,
+    and gets ``release_plain(message)`` once the append has finished, whatever its
+    outcome. False: it took nothing, and the message goes down the whole plain chain
+    through ``do_append`` (to wait for something, say). The WAL uses this only when every
+    interceptor of its plain chain implements it, and only for appends it does not batch
+    (a batch, coalesced or from ``append_many``, takes the batch chain).
+    """
+
+    def admit_plain(self, message: Message) -> bool:
+        """Take ``message`` without an ``await``, or return False to see it in
+        ``do_append``."""
+        ...
+
+    def release_plain(self, message: Message) -> None:
+        """The append of a message ``admit_plain`` took has finished."""
         ...
 
 
@@ -237,6 +264,18 @@ def build_batch_chain(
                 return None
             call = _bind_batch(member.do_append_batch, call)
     return call
+
+
+def plain_admitters(members: Iterable[ChainMember]) -> tuple[PlainAdmission, ...] | None:
+    """The interceptors of ``members``' plain chain (first = outermost) if every one of
+    them implements ``PlainAdmission`` (empty if that chain is); None if one does not."""
+    chain = [
+        member
+        for member in members
+        if isinstance(member, Interceptor) and not passes_plain_messages(member)
+    ]
+    admitters = tuple(member for member in chain if isinstance(member, PlainAdmission))
+    return admitters if len(admitters) == len(chain) else None
 
 
 def _bind(

@@ -46,6 +46,7 @@ __all__ = (
     "encode",
     "encode_plain",
     "encode_plain_many",
+    "encode_plain_message",
     "ext_fields",
     "last_confirmed_ext",
     "last_timetick_of_run",
@@ -148,6 +149,20 @@ def _vchannel_entry(vchannel: str) -> tuple[bytes, int]:
         _vchannel_utf8.clear()
     _vchannel_utf8[vchannel] = entry
     return entry
+
+
+def encode_plain_message(
+    message: Message, timetick: int, term: int, ext: bytes, limit: int
+) -> bytes | None:
+    """``encode_plain`` of ``message`` (one without properties, key or txn) with the given
+    system fields: the envelope of a single append. None if it would pass ``limit`` bytes
+    (``encode_plain`` then tells by how much). Compiled when walsvc was built with
+    ``walsvc/_speedups.c``."""
+    encode_one = _compiled.encode_plain_one
+    if encode_one is not None:
+        return encode_one(message, timetick, term, ext, limit, _vchannel_utf8, _vchannel_entry)
+    record = encode_plain(message.type, message.vchannel, message.payload, timetick, term, ext)
+    return record if len(record) <= limit else None
 
 
 def encode_plain_many(

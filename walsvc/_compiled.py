@@ -6,21 +6,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ("decode_columns_into", "encode_plain_batch", "gather_payloads", "numbered_strings")
+__all__ = (
+    "decode_columns_into",
+    "encode_plain_batch",
+    "encode_plain_one",
+    "gather_payloads",
+    "numbered_strings",
+)
 
 decode_columns_into: Callable[..., None] | None
 gather_payloads: Callable[[bytes | memoryview, list[int], list[int]], tuple[bytes, bytes]] | None
 encode_plain_batch: Callable[..., list[bytes] | None] | None
+encode_plain_one: Callable[..., bytes | None] | None
 numbered_strings: Callable[[bytes, int, int], tuple[bytes, bytes]] | None
 
 try:
     from . import _speedups
 except ImportError:
-    decode_columns_into = gather_payloads = encode_plain_batch = numbered_strings = None
+    decode_columns_into = gather_payloads = numbered_strings = None
+    encode_plain_batch = encode_plain_one = None
 else:
     decode_columns_into = _speedups.decode_columns_into
     gather_payloads = _speedups.gather_payloads
     encode_plain_batch = _speedups.encode_plain_batch
+    encode_plain_one = _speedups.encode_plain_one
     numbered_strings = _speedups.numbered_strings
 
 

@@ -31,6 +31,11 @@
  * an envelope would pass `limit` bytes: the caller then encodes one by one and raises
  * the MessageTooLarge that names the message.
  *
+ * encode_plain_one(message, tick, term, ext, limit, names, resolve) -> bytes | None
+ *
+ * the same for one message with timetick `tick` (the WAL's single appends); a fast call
+ * (no argument tuple), since it runs once per append.
+ *
  * numbered_strings(prefix, first, count) -> (offsets, values)
  *
  * the strings prefix + str(first + i) for i in range(count) as the two buffers of an
@@ -419,6 +424,32 @@ encode_plain_batch(PyObject *Py_UNUSED(module), PyObject *args)
 }
 
 static PyObject *
+encode_plain_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "encode_plain_one takes 7 arguments");
+        return NULL;
+    }
+    unsigned long long tick = PyLong_AsUnsignedLongLong(args[1]);
+    if (tick == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long long term = PyLong_AsUnsignedLongLong(args[2]);
+    if (term == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    if (limit == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyBytes_Check(args[3]) || !PyDict_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "encode_plain_one needs ext bytes and a names dict");
+        return NULL;
+    }
+    return encode_one(args[0], tick, term, args[3], limit, args[5], args[6]);
+}
+
+static PyObject *
 numbered_strings(PyObject *Py_UNUSED(module), PyObject *args)
 {
     const char *prefix;
@@ -478,6 +509,8 @@ static PyMethodDef methods[] = {
      "The loop of walsvc._codec.decode_columns, compiled (see the module comment)."},
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
      "The envelopes of a batch of plain messages, see the module comment."},
+    {"encode_plain_one", (PyCFunction)(void (*)(void))encode_plain_one, METH_FASTCALL,
+     "The envelope of one plain message, see the module comment."},
     {"numbered_strings", numbered_strings, METH_VARARGS,
      "prefix + str(first + i) as an Arrow string column's buffers, see the module comment."},
     {"gather_payloads", gather_payloads, METH_VARARGS,

@@ -31,4 +31,14 @@ def encode_plain_batch(
     resolve: Callable[[str], tuple[bytes, int]],
     /,
 ) -> list[bytes] | None: ...
+def encode_plain_one(
+    message: Any,
+    tick: int,
+    term: int,
+    ext: bytes,
+    limit: int,
+    names: dict[str, tuple[bytes, int]],
+    resolve: Callable[[str], tuple[bytes, int]],
+    /,
+) -> bytes | None: ...
 def numbered_strings(prefix: bytes, first: int, count: int, /) -> tuple[bytes, bytes]: ...

@@ -27,14 +27,23 @@ from ._chain import (
     ChainMember,
     ClosingInterceptor,
     InterceptorContext,
+    PlainAdmission,
     ReadyInterceptor,
     TickListener,
     build_batch_chain,
     build_chain,
     is_plain,
+    plain_admitters,
 )
 from ._coalesce import AppendCoalescer
-from ._codec import HEADER_SIZE, encode, encode_plain, encode_plain_many, last_confirmed_ext
+from ._codec import (
+    HEADER_SIZE,
+    encode,
+    encode_plain,
+    encode_plain_many,
+    encode_plain_message,
+    last_confirmed_ext,
+)
 from ._deliver import DeliverPolicy
 from ._errors import (
     AppendOutcomeUnknown,
@@ -111,6 +120,7 @@ class WAL:
         "_data_tick",
         "_ext",
         "_ext_id",
+        "_immediate_acks",
         "_last_acked",
         "_last_acked_tick",
         "_last_tick",
@@ -119,6 +129,7 @@ class WAL:
         "_members",
         "_newest_at_open",
         "_pins",
+        "_plain_admitters",
         "_plain_batch_chain",
         "_plain_chain",
         "_ready",
@@ -156,6 +167,10 @@ class WAL:
         self._plain_batch_chain = build_batch_chain(
             self._members, self._serialize_batch, plain=True
         )
+        # A plain message appended on its own skips the chain when every member of it
+        # admits the message synchronously (see PlainAdmission): no coroutine per member.
+        self._plain_admitters = plain_admitters(self._members)
+        self._immediate_acks = backend.immediate_acks
         # Concurrent plain appends share one pass down the batch chain when every member
         # handles batches and the backend's acks take time (else there is no concurrency
         # to exploit, and a batch would only add a loop iteration to each append).
@@ -307,7 +322,13 @@ class WAL:
             if last_confirmed is not self._ext_id:
                 self._ext_id = last_confirmed
                 self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
-            record = encode_plain(
+            plain = encode_plain_message(
+                message, tick, self._term, self._ext, self._max_message_size
+            )
+            if plain is not None:
+                self._last_tick = self._data_tick = tick
+                return plain, tick, last_confirmed
+            record = encode_plain(  # too large: the check below says by how much
                 message.type, message.vchannel, payload, tick, self._term, self._ext
             )
         if len(record) > self._max_message_size:
@@ -340,9 +361,35 @@ class WAL:
             if isinstance(exc, Exception) and not isinstance(exc, WALError):
                 raise self._outcome_unknown(exc) from exc
             raise
-        message_id = ids[0]
+        return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
+
+    def _serialize_now(self, message: Message) -> AppendResult:
+        """``_serialize`` on a backend whose appends are durable when made
+        (``Backend.append_now``): the same steps, without an ``await``."""
+        record, tick, last_confirmed = self._encode(message)
+        try:
+            ids = self._backend.append_now((record,))
+        except WALError:
+            raise
+        except Exception as exc:
+            raise self._outcome_unknown(exc) from exc
+        cache = self._cache
+        slot = cache.reserve(1) if cache is not None else -1
+        return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
+
+    def _acknowledged(
+        self,
+        message: Message,
+        message_id: MessageId,
+        tick: int,
+        last_confirmed: MessageId | None,
+        slot: int,
+    ) -> AppendResult:
+        """Record that the backend acknowledged ``message`` as ``message_id``; fill its
+        tail-cache ``slot`` (-1: none reserved, the cache is off)."""
         self._last_acked = message_id
         self._last_acked_tick = tick
+        cache = self._cache
         if slot >= 0:
             assert cache is not None
             cache.put(slot, (self._cached(message, message_id, tick, last_confirmed),))
@@ -481,7 +528,16 @@ class WAL:
         if message.idempotency_key is None:  # and no txn: a plain message
             if self._coalescer is not None:
                 return await self._coalescer.submit(message)
-            return await self._plain_chain(message)
+            admitters = self._plain_admitters
+            if admitters is None or not _admit(admitters, message):
+                return await self._plain_chain(message)
+            try:  # every member of the plain chain took it: straight to the log
+                if self._immediate_acks:
+                    return self._serialize_now(message)
+                return await self._serialize(message)
+            finally:
+                for member in admitters:
+                    member.release_plain(message)
         return await self._chain(message)
 
     async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
@@ -693,6 +749,17 @@ class WAL:
         mode = "ro" if self.read_only else f"rw term={self.term}"
         state = " closed" if self._closed else ""
         return f"<walsvc.WAL {self._backend.scheme}:{self.pchannel} {mode}{state}>"
+
+
+def _admit(admitters: tuple[PlainAdmission, ...], message: Message) -> bool:
+    """Whether every one of ``admitters`` took ``message`` (``PlainAdmission``); if one
+    refuses, those that took it release it."""
+    for taken, member in enumerate(admitters):
+        if not member.admit_plain(message):
+            for admitted in admitters[:taken]:
+                admitted.release_plain(message)
+            return False
+    return True
 
 
 @final

@@ -93,9 +93,10 @@ class Backend(ABC):
     #: writers without one serialization point); scanners then hold messages until a
     #: TimeTick confirms them. walsvc's own WAL writes in tick order on every backend.
     ticks_in_log_order: ClassVar[bool] = True
-    #: True if the awaitable ``append`` returns is ready at once (the memory log). The WAL
-    #: then appends each message as it comes; otherwise it gathers concurrent appends
-    #: into one batch per loop iteration (see ``walsvc._coalesce``).
+    #: True if appends are durable when the call returns (the memory log): the backend
+    #: then implements ``append_now``, and the WAL appends each message as it comes;
+    #: otherwise it gathers concurrent appends into one batch per loop iteration (see
+    #: ``walsvc._coalesce``).
     immediate_acks: ClassVar[bool] = False
     #: False if ``append`` never raises a retriable error (the memory log). The default
     #: chain ``open_wal`` builds then leaves out ``Redo``, which has nothing to retry.
@@ -134,6 +135,12 @@ class Backend(ABC):
         Raises (through the awaitable) ``WALFenced``, ``WALClosed`` or
         ``BackendUnavailable``.
         """
+
+    def append_now(self, records: Sequence[bytes]) -> Sequence[MessageId]:
+        """``append`` for a backend with ``immediate_acks``: the records are durable when
+        it returns their ids (no awaitable). It raises what ``append``'s awaitable would.
+        Backends without ``immediate_acks`` do not implement it."""
+        raise NotImplementedError(f"{self.scheme}:// appends are not acknowledged at once")
 
     @abstractmethod
     def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:

@@ -133,6 +133,9 @@ class MemoryBackend(Backend):
             )
 
     def append(self, records: Sequence[bytes]) -> _Ids:
+        return _Ids(self.append_now(records))
+
+    def append_now(self, records: Sequence[bytes]) -> list[MessageId]:
         log = self._log
         if self._closed or log.term != self.term:
             self._check_writer()
@@ -142,8 +145,8 @@ class MemoryBackend(Backend):
         if log.waiters:
             log.wake()
         if len(records) == 1:
-            return _Ids([MemoryMessageId(first)])
-        return _Ids([MemoryMessageId(seq) for seq in range(first, first + len(records))])
+            return [MemoryMessageId(first)]
+        return [MemoryMessageId(seq) for seq in range(first, first + len(records))]
 
     def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
         if self._closed:
