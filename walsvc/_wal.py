@@ -26,7 +26,6 @@ from ._chain import (
     AppendNext,
     ChainMember,
     ClosingInterceptor,
-    InterceptorContext,
     PlainAdmission,
     ReadyInterceptor,
     TickListener,
@@ -44,6 +43,7 @@ from ._codec import (
     encode_plain_message,
     last_confirmed_ext,
 )
+from ._context import WALContext
 from ._deliver import DeliverPolicy
 from ._errors import (
     AppendOutcomeUnknown,
@@ -207,7 +207,7 @@ class WAL:
 
     async def _run_ready(self, members: list[ReadyInterceptor]) -> None:
         await self._hold_recovered_checkpoint()
-        context = _Context(self)
+        context = WALContext(self)
         for member in members:
             await member.ready(context)
         self._pins.pop(_RECOVERY, None)
@@ -760,107 +760,3 @@ def _admit(admitters: tuple[PlainAdmission, ...], message: Message) -> bool:
                 admitted.release_plain(message)
             return False
     return True
-
-
-@final
-class _Context(InterceptorContext):
-    """The WAL as its interceptors see it (see ``InterceptorContext``)."""
-
-    __slots__ = ("_wal",)
-
-    def __init__(self, wal: WAL) -> None:
-        self._wal = wal
-
-    @property
-    def pchannel(self) -> str:
-        return self._wal.pchannel
-
-    @property
-    def term(self) -> int:
-        return self._wal.term
-
-    @property
-    def closed(self) -> bool:
-        return self._wal._closed
-
-    def last_tick(self) -> int:
-        return self._wal._last_tick
-
-    def data_tick(self) -> int:
-        return self._wal._data_tick
-
-    def last_confirmed_id(self) -> MessageId | None:
-        wal = self._wal
-        pins = wal._pins
-        return next(iter(pins.values())) if pins else wal._last_acked
-
-    def pin_last_confirmed(self) -> object:
-        token = object()
-        self._wal._pins[token] = self.last_confirmed_id()
-        return token
-
-    def unpin(self, token: object) -> None:
-        self._wal._pins.pop(token, None)
-
-    async def append_system(self, message: Message) -> AppendResult:
-        # Allowed while the WAL closes: interceptors finish their writes (rollbacks) in
-        # their aclose, before the backend is released.
-        wal = self._wal
-        if wal._backend.read_only:
-            raise WALReadOnly(f"WAL {wal.pchannel!r} was opened read-only")
-        return await wal._serialize(message)
-
-    def publish_idle_tick(self) -> int:
-        wal = self._wal
-        tick = wal._allocator.allocate()
-        wal._last_tick = tick
-        last_acked = wal._last_acked
-        if wal._cache is not None and last_acked is not None:
-            wal._cache.publish_idle_tick(
-                ImmutableMessage(
-                    last_acked,
-                    tick,
-                    "",
-                    MessageType.TIME_TICK,
-                    b"",
-                    _EMPTY,
-                    self.last_confirmed_id(),
-                    None,
-                    None,
-                    wal._term,
-                    False,
-                    (),
-                    wal._last_acked_tick,
-                )
-            )
-        self.notify_tick(tick)
-        return tick
-
-    def notify_tick(self, tick: int) -> None:
-        for listener in list(self._wal._tick_listeners):
-            listener(tick)
-
-    def add_tick_listener(self, listener: TickListener) -> None:
-        if listener not in self._wal._tick_listeners:
-            self._wal._tick_listeners.append(listener)
-
-    def remove_tick_listener(self, listener: TickListener) -> None:
-        try:
-            self._wal._tick_listeners.remove(listener)
-        except ValueError:
-            pass
-
-    def has_tick_listeners(self) -> bool:
-        wal = self._wal
-        return bool(wal._tick_listeners) or (wal._cache is not None and wal._cache.has_waiters())
-
-    def read(
-        self, deliver: DeliverPolicy = _FROM_THE_START, filters: Iterable[Filter] = ()
-    ) -> Scanner:
-        return self._wal.read(deliver, filters, raw=True)
-
-    async def latest_message_id(self) -> MessageId | None:
-        return await self._wal.latest_message_id()
-
-    async def last_durable_timetick(self) -> int:
-        return await self._wal._backend.last_timetick()

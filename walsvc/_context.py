@@ -1,0 +1,132 @@
+"""The WAL as its interceptors see it: ``InterceptorContext`` over one ``WAL``.
+
+A friend of ``walsvc._wal.WAL``: it reads and updates the writer's state (ticks, the
+last-confirmed pins, tick listeners, the tail cache) that the WAL keeps private from
+everybody else.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Final, final
+
+from ._chain import InterceptorContext, TickListener
+from ._deliver import DeliverPolicy
+from ._errors import WALReadOnly
+from ._filter import Filter
+from ._ids import MessageId
+from ._message import AppendResult, ImmutableMessage, Message, MessageType
+
+if TYPE_CHECKING:
+    from ._scanner import Scanner
+    from ._wal import WAL
+
+__all__ = ("WALContext",)
+
+_FROM_THE_START: Final = DeliverPolicy.all()
+_EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
+
+
+@final
+class WALContext(InterceptorContext):
+    """The WAL as its interceptors see it (see ``InterceptorContext``)."""
+
+    __slots__ = ("_wal",)
+
+    def __init__(self, wal: WAL) -> None:
+        self._wal = wal
+
+    @property
+    def pchannel(self) -> str:
+        return self._wal.pchannel
+
+    @property
+    def term(self) -> int:
+        return self._wal.term
+
+    @property
+    def closed(self) -> bool:
+        return self._wal._closed
+
+    def last_tick(self) -> int:
+        return self._wal._last_tick
+
+    def data_tick(self) -> int:
+        return self._wal._data_tick
+
+    def last_confirmed_id(self) -> MessageId | None:
+        wal = self._wal
+        pins = wal._pins
+        return next(iter(pins.values())) if pins else wal._last_acked
+
+    def pin_last_confirmed(self) -> object:
+        token = object()
+        self._wal._pins[token] = self.last_confirmed_id()
+        return token
+
+    def unpin(self, token: object) -> None:
+        self._wal._pins.pop(token, None)
+
+    async def append_system(self, message: Message) -> AppendResult:
+        # Allowed while the WAL closes: interceptors finish their writes (rollbacks) in
+        # their aclose, before the backend is released.
+        wal = self._wal
+        if wal._backend.read_only:
+            raise WALReadOnly(f"WAL {wal.pchannel!r} was opened read-only")
+        return await wal._serialize(message)
+
+    def publish_idle_tick(self) -> int:
+        wal = self._wal
+        tick = wal._allocator.allocate()
+        wal._last_tick = tick
+        last_acked = wal._last_acked
+        if wal._cache is not None and last_acked is not None:
+            wal._cache.publish_idle_tick(
+                ImmutableMessage(
+                    last_acked,
+                    tick,
+                    "",
+                    MessageType.TIME_TICK,
+                    b"",
+                    _EMPTY,
+                    self.last_confirmed_id(),
+                    None,
+                    None,
+                    wal._term,
+                    False,
+                    (),
+                    wal._last_acked_tick,
+                )
+            )
+        self.notify_tick(tick)
+        return tick
+
+    def notify_tick(self, tick: int) -> None:
+        for listener in list(self._wal._tick_listeners):
+            listener(tick)
+
+    def add_tick_listener(self, listener: TickListener) -> None:
+        if listener not in self._wal._tick_listeners:
+            self._wal._tick_listeners.append(listener)
+
+    def remove_tick_listener(self, listener: TickListener) -> None:
+        try:
+            self._wal._tick_listeners.remove(listener)
+        except ValueError:
+            pass
+
+    def has_tick_listeners(self) -> bool:
+        wal = self._wal
+        return bool(wal._tick_listeners) or (wal._cache is not None and wal._cache.has_waiters())
+
+    def read(
+        self, deliver: DeliverPolicy = _FROM_THE_START, filters: Iterable[Filter] = ()
+    ) -> Scanner:
+        return self._wal.read(deliver, filters, raw=True)
+
+    async def latest_message_id(self) -> MessageId | None:
+        return await self._wal.latest_message_id()
+
+    async def last_durable_timetick(self) -> int:
+        return await self._wal._backend.last_timetick()
