@@ -161,8 +161,14 @@ class OrderedReader:
             raise translate(exc, f"reading {self.topic()} failed") from exc
 
     async def close(self) -> None:
-        """Close the reader (a blocking pop in a worker wakes at once and fails)."""
+        """Close the reader. A blocking pop in a worker wakes at once and fails; this
+        returns only once that worker has left the client's code (or after twice the
+        longest pop), so nothing touches the reader when its client closes next."""
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             waiting.add_done_callback(_retrieve)
-        await self._reader.close()
+        try:
+            await self._reader.close()
+        finally:
+            if waiting is not None and not waiting.done():
+                await asyncio.wait((waiting,), timeout=2 * _WAIT_MS / 1000)
