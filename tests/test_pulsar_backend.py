@@ -619,3 +619,18 @@ async def test_a_partitioned_topic_is_refused(
     monkeypatch.undo()
     async with await walsvc.open_wal(broker.url, pchannel) as wal:  # one partition: fine
         await wal.append(Message(payload=b"x", vchannel="v"))
+
+
+async def test_a_tail_read_that_runs_out_of_time_says_where_it_was(broker: PulsarLite) -> None:
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        await wal.append(data("only", 0))
+    reader = await walsvc.open_wal(broker.url, pch, read_only=True, operation_timeout=0.001)
+    try:
+        with pytest.raises(
+            walsvc.BackendUnavailable,
+            match=r"took longer than 0\.001 s \(looking up the last entry; read up to None\)",
+        ):
+            await reader.latest_message_id()
+    finally:
+        await reader.aclose()

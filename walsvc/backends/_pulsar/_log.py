@@ -92,6 +92,8 @@ class TailTracker:
         self._lock = asyncio.Lock()
         self._validator = ChainValidator()
         self._closed = False
+        #: What the refresh in progress is doing (for the message of a timeout).
+        self._step = "starting"
         #: The last message read (any kind); the next refresh starts after it.
         self.scanned: PulsarMessageId | None = None
         #: The newest valid data message (what ``latest_message_id`` returns).
@@ -113,6 +115,7 @@ class TailTracker:
             except TimeoutError:
                 raise BackendUnavailable(
                     f"reading the tail of {self._topic} took longer than {self._timeout} s"
+                    f" ({self._step}; read up to {self.scanned!r})"
                 ) from None
 
     async def last_entry(self) -> tuple[int, int] | None:
@@ -147,6 +150,7 @@ class TailTracker:
         return (last.ledger_id(), last.entry_id())
 
     async def _refresh(self) -> None:
+        self._step = "looking up the last entry"
         bound = await self.last_entry()
         if bound is None:
             return  # an empty topic (and has_message_available fails on one)
@@ -160,8 +164,11 @@ class TailTracker:
                 at_bound = (
                     self.scanned is not None and (self.scanned.ledger, self.scanned.entry) >= bound
                 )
-                if at_bound and not await reader.has_message_available():
-                    return
+                if at_bound:
+                    self._step = f"asking whether anything follows entry {bound}"
+                    if not await reader.has_message_available():
+                        return
+                self._step = f"waiting for the next message, toward entry {bound}"
                 for link in await read_links(reader, lenient=True):
                     self._note(link)
         finally:
