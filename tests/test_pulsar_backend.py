@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
@@ -28,6 +30,7 @@ from _pulsar_lite import (
 from pulsar import _pulsar
 
 import walsvc
+import walsvc.backends._pulsar._writer
 from walsvc import DeliverPolicy, Filter, Message
 from walsvc.backends import BackendScanner
 from walsvc.backends._pulsar import PulsarMessageId
@@ -634,3 +637,44 @@ async def test_a_tail_read_that_runs_out_of_time_says_where_it_was(broker: Pulsa
             await reader.latest_message_id()
     finally:
         await reader.aclose()
+
+
+class _SlowAcks:
+    """Stands in for the writer's producer: every send goes to the broker, its result
+    reaches the writer ``delay`` seconds late (a broker slow to acknowledge)."""
+
+    def __init__(self, real: pulsar_asyncio.Producer, delay: float) -> None:
+        self.real = real
+        self._producer = self
+        self._delay = delay
+
+    def is_connected(self) -> bool:
+        return bool(self.real.is_connected())
+
+    def send_async(self, message: Any, callback: Callable[[Any, Any], None]) -> None:
+        def late(result: Any, message_id: Any) -> None:
+            threading.Timer(self._delay, callback, (result, message_id)).start()
+
+        self.real._producer.send_async(message, late)
+
+    def flush_async(self, callback: Callable[[Any], None]) -> None:
+        self.real._producer.flush_async(callback)
+
+
+async def test_a_group_slow_to_be_acknowledged_is_logged(
+    broker: PulsarLite, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(walsvc.backends._pulsar._writer, "SLOW_ACKS", 0.1)
+    async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
+        writer = backend_of(wal)._writer
+        assert writer is not None
+        real = writer._producer
+        writer._producer = _SlowAcks(real, 0.5)  # type: ignore[assignment]
+        with caplog.at_level(logging.WARNING, logger="walsvc.pulsar"):
+            result = await wal.append(data("slow", 0))
+        writer._producer = real
+        assert result.message_id is not None
+    (record,) = [r for r in caplog.records if r.name == "walsvc.pulsar"]
+    assert record.levelno == logging.WARNING
+    assert "1 of the 1 sends of group" in record.getMessage()
+    assert "not acknowledged after 0.1 s" in record.getMessage()

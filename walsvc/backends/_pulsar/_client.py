@@ -239,6 +239,11 @@ class GroupAcks:
         if not self._future.done():
             self._future.set_result(None)
 
+    def pending(self) -> int:
+        """How many messages of the group have no result yet."""
+        with self._lock:
+            return self._left
+
     def wait(self) -> asyncio.Future[None]:
         """Resolves once every message of the group has its result."""
         return self._future

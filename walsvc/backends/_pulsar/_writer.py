@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final
 
@@ -66,6 +67,10 @@ if TYPE_CHECKING:
 __all__ = ("GroupWriter",)
 
 _RESENDS: Final = 3
+#: A group whose sends are not all acknowledged after this many seconds is logged as a
+#: warning (the wait goes on to the operation timeout): a broker that stopped answering.
+SLOW_ACKS: Final = 5.0
+_log = logging.getLogger("walsvc.pulsar")
 _GROUP_RECORDS: Final = 8192
 
 
@@ -254,7 +259,7 @@ class GroupWriter:
             raise translate(exc, f"sending to {self._topic} failed") from exc
         try:
             async with asyncio.timeout(self._timeout + 5):
-                await acks.wait()
+                await self._wait_for_acks(acks, group, count)
         except TimeoutError:
             return None
         ids: list[PulsarMessageId] = []
@@ -267,6 +272,24 @@ class GroupWriter:
                 return None
             ids.append(PulsarMessageId.of(message_id))
         return ids
+
+    async def _wait_for_acks(self, acks: GroupAcks, group: str, count: int) -> None:
+        """Until every send of ``group`` has its result; a warning if that takes more
+        than ``SLOW_ACKS`` seconds."""
+        waiting = acks.wait()
+        done, _ = await asyncio.wait((waiting,), timeout=SLOW_ACKS)
+        if not done:
+            _log.warning(
+                "pulsar WAL of %s: %d of the %d sends of group %s not acknowledged after"
+                " %.1f s (waiting up to %.1f s in all)",
+                self._topic,
+                acks.pending(),
+                count,
+                group,
+                SLOW_ACKS,
+                self._timeout + 5,
+            )
+            await waiting
 
     async def _seal(
         self, prev: PulsarMessageId, group: str, count: int
