@@ -23,7 +23,6 @@ decoded; ``peek`` returns it as a zero-copy memoryview.
 from __future__ import annotations
 
 import struct
-import types
 from collections.abc import Callable, Mapping
 from typing import Final, NoReturn, final
 
@@ -33,7 +32,7 @@ from . import _compiled
 from ._errors import CorruptRecord, MessageTooLarge, WALError
 from ._filter import Filter, vchannel_hash
 from ._ids import MessageId, unmarshal_message_id
-from ._message import ImmutableMessage, Message, MessageType, TxnContext
+from ._message import NO_PROPERTIES, ImmutableMessage, Message, MessageType, TxnContext
 
 __all__ = (
     "HEADER_SIZE",
@@ -73,7 +72,6 @@ class _Ext(msgspec.Struct, array_like=True, omit_defaults=True):
 _ext_encode = msgspec.msgpack.Encoder().encode
 _ext_decode = msgspec.msgpack.Decoder(_Ext).decode
 # Shared by every message without properties; ImmutableMessage.properties is read-only.
-_NO_PROPERTIES: Mapping[str, str] = types.MappingProxyType({})
 
 # Small caches for the few vchannel names a process sees; bounded against hostile input.
 _CACHE_LIMIT = 4096
@@ -293,7 +291,7 @@ def decode_split(header: bytes, payload: bytes, message_id: MessageId) -> Immuta
             known[2],
             _types[type_no],
             payload,
-            _NO_PROPERTIES,
+            NO_PROPERTIES,
             known[3],
             known[4],
             None,
@@ -338,7 +336,7 @@ def _message(
             bytes(data[ext_start:payload_start]), type(message_id)
         )
     else:
-        properties, last_confirmed, txn, key = _NO_PROPERTIES, None, None, None
+        properties, last_confirmed, txn, key = NO_PROPERTIES, None, None, None
     return ImmutableMessage(
         message_id,
         timetick,
@@ -364,7 +362,7 @@ def _ext_of(
     ext is decoded once."""
     cached = _ext_cache.get(raw_ext)
     if cached is not None and (cached[0] is None or type(cached[0]) is id_class):
-        return _NO_PROPERTIES, cached[0], cached[1], None
+        return NO_PROPERTIES, cached[0], cached[1], None
     properties, last_confirmed, txn, key = decoded = _decode_ext(raw_ext, id_class)
     if not properties and key is None:
         if len(_ext_cache) >= _CACHE_LIMIT:
@@ -391,7 +389,7 @@ def _decode_ext(
             raise CorruptRecord(
                 f"last-confirmed id {ext.last_confirmed!r} is not an id of this log"
             )
-    return ext.properties or _NO_PROPERTIES, last_confirmed, ext.txn, ext.idempotency_key
+    return ext.properties or NO_PROPERTIES, last_confirmed, ext.txn, ext.idempotency_key
 
 
 def decode(data: bytes | memoryview, message_id: MessageId) -> ImmutableMessage:
@@ -472,7 +470,7 @@ def ext_fields(
     message of a log whose ids are ``id_class``. Raises ``CorruptRecord`` as decoding
     the whole message would."""
     if not raw_ext:
-        return _NO_PROPERTIES, None
+        return NO_PROPERTIES, None
     properties, _, txn, _ = _ext_of(raw_ext, id_class)
     return properties, txn
 

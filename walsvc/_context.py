@@ -7,8 +7,7 @@ everybody else.
 
 from __future__ import annotations
 
-import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final, final
 
 from ._chain import InterceptorContext, TickListener
@@ -16,7 +15,7 @@ from ._deliver import DeliverPolicy
 from ._errors import WALReadOnly
 from ._filter import Filter
 from ._ids import MessageId
-from ._message import AppendResult, ImmutableMessage, Message, MessageType
+from ._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message, MessageType
 
 if TYPE_CHECKING:
     from ._scanner import Scanner
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 __all__ = ("WALContext",)
 
 _FROM_THE_START: Final = DeliverPolicy.all()
-_EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
 
 
 @final
@@ -89,7 +87,7 @@ class WALContext(InterceptorContext):
                     "",
                     MessageType.TIME_TICK,
                     b"",
-                    _EMPTY,
+                    NO_PROPERTIES,
                     self.last_confirmed_id(),
                     None,
                     None,

@@ -8,6 +8,7 @@ filters, dedup and ordering never look at the payload.
 from __future__ import annotations
 
 import enum
+import types
 from collections.abc import Mapping
 
 import msgspec
@@ -19,6 +20,7 @@ from ._ids import MessageId
 __all__ = (
     "APPLICATION_TYPES",
     "EXCLUSIVE_TYPES",
+    "NO_PROPERTIES",
     "SYSTEM_TYPES",
     "AppendResult",
     "ImmutableMessage",
@@ -35,6 +37,8 @@ _APPLICATION_LAST = 65_535
 APPLICATION_TYPES = range(_APPLICATION_FIRST, _APPLICATION_LAST + 1)
 
 _MAX_VCHANNEL_BYTES = 65_535
+#: The properties of every message that has none: one shared read-only empty mapping.
+NO_PROPERTIES: Mapping[str, str] = types.MappingProxyType({})
 
 
 class MessageType(enum.IntEnum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import types
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Final, final
@@ -58,6 +58,7 @@ from ._errors import (
 from ._filter import Filter
 from ._ids import MessageId
 from ._message import (
+    NO_PROPERTIES,
     SYSTEM_TYPES,
     AppendResult,
     ImmutableMessage,
@@ -87,7 +88,6 @@ DEFAULT_TAIL_CACHE_AGE: Final = 30.0
 #: Default bound on the transaction bodies one scanner holds until their commit.
 DEFAULT_TXN_BUFFER_BYTES: Final = 64 * 1024 * 1024
 _FROM_THE_START: Final = DeliverPolicy.all()
-_EMPTY: Final[Mapping[str, str]] = types.MappingProxyType({})
 #: Envelopes carry a last-confirmed id refreshed once this many ticks passed since the
 #: last refresh: at least every millisecond of the hybrid clock, and every 256 appends.
 _CONFIRM_STEP: Final = 255
@@ -501,7 +501,7 @@ class WAL:
             message.vchannel,
             message.type,
             message.payload,
-            types.MappingProxyType(dict(properties)) if properties else _EMPTY,
+            types.MappingProxyType(dict(properties)) if properties else NO_PROPERTIES,
             last_confirmed,
             message.txn,
             message.idempotency_key,

@@ -276,20 +276,25 @@ class GroupWriter:
     async def _wait_for_acks(self, acks: GroupAcks, group: str, count: int) -> None:
         """Until every send of ``group`` has its result; a warning if that takes more
         than ``SLOW_ACKS`` seconds."""
-        waiting = acks.wait()
-        done, _ = await asyncio.wait((waiting,), timeout=SLOW_ACKS)
-        if not done:
-            _log.warning(
-                "pulsar WAL of %s: %d of the %d sends of group %s not acknowledged after"
-                " %.1f s (waiting up to %.1f s in all)",
-                self._topic,
-                acks.pending(),
-                count,
-                group,
-                SLOW_ACKS,
-                self._timeout + 5,
-            )
-            await waiting
+        watch = asyncio.get_running_loop().call_later(
+            SLOW_ACKS, self._warn_slow_acks, acks, group, count
+        )
+        try:
+            await acks.wait()
+        finally:
+            watch.cancel()
+
+    def _warn_slow_acks(self, acks: GroupAcks, group: str, count: int) -> None:
+        _log.warning(
+            "pulsar WAL of %s: %d of the %d sends of group %s not acknowledged after"
+            " %.1f s (waiting up to %.1f s in all)",
+            self._topic,
+            acks.pending(),
+            count,
+            group,
+            SLOW_ACKS,
+            self._timeout + 5,
+        )
 
     async def _seal(
         self, prev: PulsarMessageId, group: str, count: int
