@@ -22,6 +22,8 @@ from ._records import ChainValidator, Link, foreign, parse
 
 __all__ = ("TailTracker", "create_reader", "read_links")
 
+#: Seconds a tail read waits for a message it knows exists before it replaces its reader.
+STALL: Final = 5.0
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 
@@ -92,6 +94,8 @@ class TailTracker:
         self._lock = asyncio.Lock()
         self._validator = ChainValidator()
         self._closed = False
+        #: How many times a refresh replaced a reader that stopped delivering (``STALL``).
+        self.stalls = 0
         #: What the refresh in progress is doing (for the message of a timeout).
         self._step = "starting"
         #: The last message read (any kind); the next refresh starts after it.
@@ -154,11 +158,7 @@ class TailTracker:
         bound = await self.last_entry()
         if bound is None:
             return  # an empty topic (and has_message_available fails on one)
-        scanned = self.scanned
-        if scanned is None:
-            reader = await create_reader(self._client, self._topic, EARLIEST, inclusive=True)
-        else:
-            reader = await create_reader(self._client, self._topic, scanned, inclusive=False)
+        reader = await self._reader_after(self.scanned)
         try:
             while True:
                 at_bound = (
@@ -169,10 +169,26 @@ class TailTracker:
                     if not await reader.has_message_available():
                         return
                 self._step = f"waiting for the next message, toward entry {bound}"
-                for link in await read_links(reader, lenient=True):
-                    self._note(link)
+                try:
+                    async with asyncio.timeout(STALL):
+                        links = await read_links(reader, lenient=True)
+                except TimeoutError:
+                    # Messages up to ``bound`` exist, yet none came: a reader the broker
+                    # stopped serving (seen with Pulsar Lite). A new one resumes there.
+                    self.stalls += 1
+                    await close_quietly(reader, self._timeout)
+                    reader = await self._reader_after(self.scanned)
+                    continue
+                for link in links:
+                    if self.scanned is None or link.id > self.scanned:
+                        self._note(link)
         finally:
             await close_quietly(reader, self._timeout)
+
+    async def _reader_after(self, position: PulsarMessageId | None) -> OrderedReader:
+        if position is None:
+            return await create_reader(self._client, self._topic, EARLIEST, inclusive=True)
+        return await create_reader(self._client, self._topic, position, inclusive=False)
 
     def _note(self, link: Link) -> None:
         if link.barrier:
