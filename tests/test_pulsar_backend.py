@@ -679,31 +679,3 @@ async def test_a_group_slow_to_be_acknowledged_is_logged(
     assert record.levelno == logging.WARNING
     assert "1 of the 1 sends of group" in record.getMessage()
     assert "not acknowledged after 0.1 s" in record.getMessage()
-
-
-async def test_a_tail_read_replaces_a_reader_that_stops_delivering(
-    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Fault injection: the first read of the tail tracker's reader never returns (a
-    reader the broker stopped serving). After ``STALL`` seconds a new reader resumes
-    from the last position read, and the refresh still finds the newest message."""
-    pch = pchannel()
-    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
-        results = [await wal.append(data("m", i)) for i in range(3)]
-    log_module = walsvc.backends._pulsar._log
-    real_read_links = log_module.read_links
-    hung = 0
-
-    async def read_links(reader: Any, *, lenient: bool = False) -> Any:
-        nonlocal hung
-        if hung == 0:
-            hung += 1
-            await asyncio.Event().wait()  # never set
-        return await real_read_links(reader, lenient=lenient)
-
-    monkeypatch.setattr(log_module, "STALL", 0.2)
-    monkeypatch.setattr(log_module, "read_links", read_links)
-    async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
-        async with asyncio.timeout(HANG):
-            assert await reader.latest_message_id() == results[-1].message_id
-        assert backend_of(reader)._tracker.stalls == 1

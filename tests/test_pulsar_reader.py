@@ -1,21 +1,37 @@
-"""``OrderedReader`` against Pulsar Lite: every message once and in order while keeping up
-with a writer, waking at the end of a topic, cancellation and close."""
+"""Readers against Pulsar Lite: ``OrderedReader`` (every message once and in order while
+keeping up with a writer, waking at the end of a topic, cancellation and close) and the
+replacement of a reader that stops delivering, by tail reads, writers and scanners."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from types import ModuleType
 from typing import Any
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pytest
-from _pulsar_lite import HANG, PulsarLite, broker, client_logger
+from _pulsar_lite import (
+    HANG,
+    PulsarLite,
+    backend_of,
+    broker,
+    client_logger,
+    data,
+    pchannel,
+    read_labels,
+    take_data,
+)
 
 import walsvc
+import walsvc.backends._pulsar._log
+import walsvc.backends._pulsar._scanner
+from walsvc import DeliverPolicy
 from walsvc.backends._pulsar import PulsarMessageId
 from walsvc.backends._pulsar._reader import OrderedReader
+from walsvc.backends._pulsar._scanner import PulsarScanner
 
 # Fixtures imported from the helper module (pytest finds them by name here).
 __all__ = ("broker",)
@@ -141,3 +157,115 @@ async def test_closing_ends_a_waiting_read_at_once(
         await reader.close()
         with pytest.raises(walsvc.WALClosed):
             await waiting
+
+
+# ---------------------------------------------------------------------------------------
+# Readers that stop delivering
+
+
+def stall_the_next_reader(
+    monkeypatch: pytest.MonkeyPatch, module: ModuleType = walsvc.backends._pulsar._log
+) -> None:
+    """Fault injection: the next reader that ``module`` reads from (``_log``: tail reads
+    and writers; ``_scanner``: scanners) never delivers anything, as a reader the broker
+    stopped serving; ``STALL`` becomes 0.2 s there."""
+    real_read_links = module.read_links
+    stalled: list[Any] = []
+
+    async def read_links(reader: Any, *, lenient: bool = False) -> Any:
+        if not stalled:
+            stalled.append(reader)
+        if reader is stalled[0]:
+            await asyncio.Event().wait()  # never set
+        return await real_read_links(reader, lenient=lenient)
+
+    monkeypatch.setattr(module, "STALL", 0.2)
+    monkeypatch.setattr(module, "read_links", read_links)
+
+
+async def test_a_tail_read_replaces_a_reader_that_stops_delivering(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After ``STALL`` seconds without a message a new reader resumes from the last
+    position read, and the refresh still finds the newest message."""
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        results = [await wal.append(data("m", i)) for i in range(3)]
+    stall_the_next_reader(monkeypatch)
+    async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+        async with asyncio.timeout(HANG):
+            assert await reader.latest_message_id() == results[-1].message_id
+        assert backend_of(reader)._tracker.stalls == 1
+
+
+async def test_a_writer_reading_the_log_replaces_a_reader_that_stops_delivering(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new writer's first group lands after a straggler of the old writer, so the
+    writer reads the log to find out what happened; that reader stalls and is replaced,
+    and the group is still sent again after the straggler."""
+    pch = pchannel()
+    old = await walsvc.open_wal(broker.url, pch, interceptors=[])
+    new = await walsvc.open_wal(broker.url, pch, interceptors=[])
+    try:
+        with pytest.raises(walsvc.WALFenced):
+            await old.append(data("straggler", 0))
+        stall_the_next_reader(monkeypatch)
+        async with asyncio.timeout(HANG):
+            await new.append(data("new", 0))
+        writer = backend_of(new)._writer
+        assert writer is not None
+        assert (writer.stalls, writer.resent) == (1, 1)
+        assert await read_labels(broker.url, pch, DeliverPolicy.all(), 1) == ["new:0"]
+    finally:
+        await old.aclose()
+        await new.aclose()
+
+
+def the_scanner(wal: walsvc.WAL) -> PulsarScanner:
+    (scanner,) = backend_of(wal)._scanners
+    return scanner
+
+
+async def test_a_scanner_replaces_a_reader_that_stops_delivering(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scanner's first reader delivers nothing: after ``STALL`` seconds the scanner finds
+    the topic holds messages it has not delivered, and a new reader delivers them."""
+    async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
+        for i in range(3):
+            await wal.append(data("m", i))
+        stall_the_next_reader(monkeypatch, walsvc.backends._pulsar._scanner)
+        async with wal.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner:
+            seen = [m.properties["n"] async for m in take_data(scanner, 3)]
+            assert seen == ["m:0", "m:1", "m:2"]
+            assert the_scanner(wal).stalls == 1
+
+
+async def test_a_scanner_idle_at_the_tail_keeps_its_reader(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scanner with nothing to deliver checks the topic's end every ``STALL`` seconds,
+    finds it has read all there is, keeps its reader, and wakes for the next append."""
+    scanner_module = walsvc.backends._pulsar._scanner
+    real_last_entry = scanner_module.last_entry
+    lookups = asyncio.Semaphore(0)
+
+    async def last_entry(*args: Any) -> Any:
+        try:
+            return await real_last_entry(*args)
+        finally:
+            lookups.release()
+
+    monkeypatch.setattr(scanner_module, "STALL", 0.1)
+    monkeypatch.setattr(scanner_module, "last_entry", last_entry)
+    async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
+        await wal.append(data("m", 0))
+        async with wal.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner:
+            assert [m.properties["n"] async for m in take_data(scanner, 1)] == ["m:0"]
+            async with asyncio.timeout(HANG):
+                for _ in range(3):
+                    await lookups.acquire()
+            await wal.append(data("m", 1))
+            assert [m.properties["n"] async for m in take_data(scanner, 1)] == ["m:1"]
+            assert the_scanner(wal).stalls == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any, Final, final
 
 import pulsar
@@ -20,7 +21,15 @@ from ._ids import PulsarMessageId
 from ._reader import BATCH, OrderedReader
 from ._records import ChainValidator, Link, foreign, parse
 
-__all__ = ("TailTracker", "create_reader", "read_links")
+__all__ = (
+    "ForwardRead",
+    "TailTracker",
+    "behind",
+    "create_reader",
+    "last_entry",
+    "read_links",
+    "reopen",
+)
 
 #: Seconds a tail read waits for a message it knows exists before it replaces its reader.
 STALL: Final = 5.0
@@ -34,8 +43,10 @@ async def create_reader(
     start: PulsarMessageId | str,
     *,
     inclusive: bool,
+    compacted: bool = False,
 ) -> OrderedReader:
-    """A reader of ``topic`` from ``start`` (an id, ``EARLIEST`` or ``LATEST``)."""
+    """A reader of ``topic`` from ``start`` (an id, ``EARLIEST`` or ``LATEST``);
+    ``compacted`` reads the topic's compacted view."""
     if start == EARLIEST:
         start_id: Any = pulsar.MessageId.earliest
     elif start == LATEST:
@@ -49,10 +60,45 @@ async def create_reader(
             start_id,
             start_message_id_inclusive=inclusive,
             receiver_queue_size=BATCH,
+            is_read_compacted=compacted,
         )
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a reader of {topic}") from exc
-    return OrderedReader(reader)
+    return OrderedReader(reader, start=start, inclusive=inclusive)
+
+
+def behind(reader: OrderedReader, end: PulsarMessageId | None) -> bool:
+    """Whether ``reader`` has yet to deliver a message stored at or before ``end`` (the
+    topic's last entry, as ``last_entry`` gives it). False when that cannot be known: an
+    empty topic, or a reader created at ``LATEST`` that has delivered nothing."""
+    if end is None:
+        return False
+    position = reader.last
+    if position is None:
+        start = reader.start
+        if start == EARLIEST:
+            return True
+        if not isinstance(start, PulsarMessageId):
+            return False
+        if reader.inclusive:
+            return (start.ledger, start.entry) <= (end.ledger, end.entry)
+        position = start
+    return position < end
+
+
+async def reopen(
+    client: pulsar_asyncio.Client, reader: OrderedReader, close_within: float
+) -> OrderedReader:
+    """Close ``reader`` (waiting ``close_within`` seconds at most) and create one that
+    resumes right after the last message it delivered, or where it was created if it
+    delivered none."""
+    topic = reader.topic()
+    await close_quietly(reader, close_within)
+    if reader.last is not None:
+        return await create_reader(client, topic, reader.last, inclusive=False)
+    if reader.start is None:
+        raise ValueError("cannot reopen a reader whose start is unknown")
+    return await create_reader(client, topic, reader.start, inclusive=reader.inclusive)
 
 
 async def read_links(reader: OrderedReader, *, lenient: bool = False) -> list[Link]:
@@ -82,6 +128,96 @@ async def close_quietly(resource: Any, seconds: float) -> None:
         pass
 
 
+async def last_entry(
+    client: pulsar_asyncio.Client, topic: str, close_within: float
+) -> PulsarMessageId | None:
+    """The id of the topic's last entry, with batch index -1 (so every message of that
+    entry compares at or above it); None if the topic is empty. The caller bounds the
+    lookup; closing its consumer afterwards waits ``close_within`` seconds at most.
+
+    The Python client offers ``get_last_message_id`` only on a consumer, which needs a
+    (durable) subscription: it lives only for this call, so a crash leaves at most one
+    stray ``walsvc-tail-*`` subscription behind. (Pulsar Lite does not serve a reader at
+    ``latest`` inclusive, the subscription-free way.)
+    """
+    try:
+        consumer = await client.subscribe(
+            topic,
+            f"walsvc-tail-{uuid.uuid4().hex}",
+            consumer_type=pulsar.ConsumerType.Exclusive,
+            receiver_queue_size=1,
+        )
+    except PULSAR_ERRORS as exc:
+        raise translate(exc, f"cannot look up the tail of {topic}") from exc
+    try:
+        last = await consumer.get_last_message_id()
+    except PULSAR_ERRORS:
+        return None  # Pulsar Lite answers UnknownError for a topic with no entry
+    finally:
+        try:
+            await consumer.unsubscribe()
+        except PULSAR_ERRORS:
+            pass
+        await close_quietly(consumer, close_within)
+    if last.entry_id() < 0 or last.ledger_id() < 0:
+        return None
+    return PulsarMessageId(last.ledger_id(), last.entry_id())
+
+
+@final
+class ForwardRead:
+    """Reads a topic forward from a position to its end as a caller knows it.
+
+    ``run`` hands every message to ``consume``, in strictly increasing id order, until it
+    has read ``through`` (an id known to exist) and the broker reports nothing more. A
+    reader that delivers nothing for ``STALL`` seconds meanwhile (Pulsar Lite was seen to
+    stop serving one that still had entries to send) is closed and replaced by a reader
+    that starts right after the last message read. ``run`` has no deadline of its own:
+    the caller bounds it.
+    """
+
+    def __init__(self, client: pulsar_asyncio.Client, topic: str, timeout: float) -> None:
+        self._client = client
+        self._topic = topic
+        self._timeout = timeout
+        #: How many readers were replaced because they stopped delivering.
+        self.stalls = 0
+
+    async def run(
+        self,
+        start: PulsarMessageId | None,
+        *,
+        inclusive: bool,
+        through: PulsarMessageId,
+        consume: Callable[[list[Link]], None],
+    ) -> None:
+        """Read from ``start`` (None: the earliest message) to at least ``through``."""
+        last = None if inclusive else start
+        if start is None:
+            reader = await create_reader(self._client, self._topic, EARLIEST, inclusive=True)
+        else:
+            reader = await create_reader(self._client, self._topic, start, inclusive=inclusive)
+        try:
+            while True:
+                if last is not None and last >= through:
+                    if not await reader.has_message_available():
+                        return
+                try:
+                    async with asyncio.timeout(STALL):
+                        links = await read_links(reader, lenient=True)
+                except TimeoutError:
+                    self.stalls += 1
+                    reader = await reopen(self._client, reader, self._timeout)
+                    continue
+                if last is not None:
+                    links = [link for link in links if link.id > last]
+                if links:
+                    last = links[-1].id
+                    consume(links)
+        finally:
+            await close_quietly(reader, self._timeout)
+
+
 @final
 class TailTracker:
     """The newest valid message id and the greatest timetick of a topic, kept up to date
@@ -94,8 +230,7 @@ class TailTracker:
         self._lock = asyncio.Lock()
         self._validator = ChainValidator()
         self._closed = False
-        #: How many times a refresh replaced a reader that stopped delivering (``STALL``).
-        self.stalls = 0
+        self._reads = ForwardRead(client, topic, timeout)
         #: What the refresh in progress is doing (for the message of a timeout).
         self._step = "starting"
         #: The last message read (any kind); the next refresh starts after it.
@@ -106,6 +241,11 @@ class TailTracker:
         self.max_tick = 0
         #: The newest barrier read (the newest writer's, as far as this tracker read).
         self.newest_barrier: PulsarMessageId | None = None
+
+    @property
+    def stalls(self) -> int:
+        """How many times a refresh replaced a reader that stopped delivering."""
+        return self._reads.stalls
 
     async def refresh(self) -> None:
         """Read the log from the last refresh up to its current end (within the
@@ -122,84 +262,25 @@ class TailTracker:
                     f" ({self._step}; read up to {self.scanned!r})"
                 ) from None
 
-    async def last_entry(self) -> tuple[int, int] | None:
-        """(ledger, entry) of the topic's last entry; None if the topic is empty.
-
-        The Python client offers ``get_last_message_id`` only on a consumer, which needs
-        a (durable) subscription: it lives only for this call, so a crash leaves at most
-        one stray ``walsvc-tail-*`` subscription behind. (Pulsar Lite does not serve a
-        reader at ``latest`` inclusive, the subscription-free way.)
-        """
-        try:
-            consumer = await self._client.subscribe(
-                self._topic,
-                f"walsvc-tail-{uuid.uuid4().hex}",
-                consumer_type=pulsar.ConsumerType.Exclusive,
-                receiver_queue_size=1,
-            )
-        except PULSAR_ERRORS as exc:
-            raise translate(exc, f"cannot look up the tail of {self._topic}") from exc
-        try:
-            last = await consumer.get_last_message_id()
-        except PULSAR_ERRORS:
-            return None  # Pulsar Lite answers UnknownError for a topic with no entry
-        finally:
-            try:
-                await consumer.unsubscribe()
-            except PULSAR_ERRORS:
-                pass
-            await close_quietly(consumer, self._timeout)
-        if last.entry_id() < 0 or last.ledger_id() < 0:
-            return None
-        return (last.ledger_id(), last.entry_id())
-
     async def _refresh(self) -> None:
         self._step = "looking up the last entry"
-        bound = await self.last_entry()
+        bound = await last_entry(self._client, self._topic, self._timeout)
         if bound is None:
             return  # an empty topic (and has_message_available fails on one)
-        reader = await self._reader_after(self.scanned)
-        try:
-            while True:
-                at_bound = (
-                    self.scanned is not None and (self.scanned.ledger, self.scanned.entry) >= bound
-                )
-                if at_bound:
-                    self._step = f"asking whether anything follows entry {bound}"
-                    if not await reader.has_message_available():
-                        return
-                self._step = f"waiting for the next message, toward entry {bound}"
-                try:
-                    async with asyncio.timeout(STALL):
-                        links = await read_links(reader, lenient=True)
-                except TimeoutError:
-                    # Messages up to ``bound`` exist, yet none came: a reader the broker
-                    # stopped serving (seen with Pulsar Lite). A new one resumes there.
-                    self.stalls += 1
-                    await close_quietly(reader, self._timeout)
-                    reader = await self._reader_after(self.scanned)
-                    continue
-                for link in links:
-                    if self.scanned is None or link.id > self.scanned:
-                        self._note(link)
-        finally:
-            await close_quietly(reader, self._timeout)
+        self._step = f"reading toward {bound!r}"
+        await self._reads.run(self.scanned, inclusive=False, through=bound, consume=self._note)
 
-    async def _reader_after(self, position: PulsarMessageId | None) -> OrderedReader:
-        if position is None:
-            return await create_reader(self._client, self._topic, EARLIEST, inclusive=True)
-        return await create_reader(self._client, self._topic, position, inclusive=False)
-
-    def _note(self, link: Link) -> None:
-        if link.barrier:
-            self.newest_barrier = link.id
-        else:
-            tick = link.timetick
-            if tick > self.max_tick:
-                self.max_tick = tick
-        for valid in self._validator.push(link):
-            self.tip = valid.id
-        self.scanned = link.id
+    def _note(self, links: list[Link]) -> None:
+        for link in links:
+            if link.barrier:
+                self.newest_barrier = link.id
+            else:
+                tick = link.timetick
+                if tick > self.max_tick:
+                    self.max_tick = tick
+            for valid in self._validator.push(link):
+                self.tip = valid.id
+            self.scanned = link.id
 
     async def aclose(self) -> None:
         """Refuse further refreshes. Idempotent."""

@@ -90,12 +90,24 @@ def _retrieve(future: asyncio.Future[list[Any]]) -> None:
 class OrderedReader:
     """The messages of one ``pulsar.asyncio.Reader``, each once, in strictly increasing
     id order (a message delivered again, at or below the last id returned, is dropped).
-    One task reads it at a time."""
+    One task reads it at a time.
 
-    __slots__ = ("_last", "_raw", "_reader", "_waiting")
+    ``start`` and ``inclusive`` record where the reader was created (an id, or the
+    names ``"earliest"`` / ``"latest"``; None if unknown) so that a replacement can
+    resume where it left off (``_log.reopen``)."""
 
-    def __init__(self, reader: pulsar_asyncio.Reader) -> None:
+    __slots__ = ("_last", "_raw", "_reader", "_waiting", "inclusive", "start")
+
+    def __init__(
+        self,
+        reader: pulsar_asyncio.Reader,
+        *,
+        start: PulsarMessageId | str | None = None,
+        inclusive: bool = False,
+    ) -> None:
         self._reader = reader
+        self.start = start
+        self.inclusive = inclusive
         self._raw: Any = reader._reader  # the C reader under pulsar.asyncio's
         self._last: PulsarMessageId | None = None
         #: A blocking pop running in a worker; a cancelled ``next_batch`` leaves it for
@@ -105,6 +117,11 @@ class OrderedReader:
     def topic(self) -> str:
         """The topic read."""
         return str(self._reader.topic())
+
+    @property
+    def last(self) -> PulsarMessageId | None:
+        """The id of the last message ``next_batch`` returned (None before the first)."""
+        return self._last
 
     async def next_batch(self) -> list[tuple[PulsarMessageId, Any]]:
         """The next messages (at most ``BATCH``) with their ids: every message already

@@ -5,6 +5,11 @@ and takes from it a batch at a time, everything the reader's receiver queue hold
 positions the reader so that the chain rule can be checked from the first message it
 delivers (see ``_records``): to start at X it reads X, then reopens at the id X's group
 names as its predecessor and validates forward from there.
+
+A reader that delivers nothing for ``STALL`` seconds is checked against the topic's last
+entry: if the broker holds a message the reader has yet to deliver (Pulsar Lite was seen
+to stop serving a reader), it is replaced by one that resumes right after the last
+message read. An idle scanner at the tail so costs one last-entry lookup per ``STALL``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,17 @@ from ..._filter import Filter
 from ..._message import ImmutableMessage
 from .._base import BackendScanner
 from ._ids import PulsarMessageId
-from ._log import EARLIEST, LATEST, close_quietly, create_reader, read_links
+from ._log import (
+    EARLIEST,
+    LATEST,
+    STALL,
+    behind,
+    close_quietly,
+    create_reader,
+    last_entry,
+    read_links,
+    reopen,
+)
 from ._records import ChainValidator, Link
 
 if TYPE_CHECKING:
@@ -38,12 +53,15 @@ _CLOSED: Final = object()
 class PulsarScanner(BackendScanner):
     """Valid messages of one topic from a deliver position, filtered, in log order."""
 
-    __slots__ = ("_backend", "_closed", "_queue", "_selected", "_task")
+    __slots__ = ("_backend", "_closed", "_queue", "_reader", "_selected", "_task", "stalls")
 
     def __init__(self, backend: PulsarBackend, deliver: DeliverPolicy, selected: Filter) -> None:
         self._backend = backend
         self._selected = selected
         self._closed = False
+        self._reader: OrderedReader | None = None
+        #: How many readers this scanner replaced because they stopped delivering.
+        self.stalls = 0
         self._queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE_BATCHES)
         self._task = asyncio.get_running_loop().create_task(self._pump(deliver))
 
@@ -82,10 +100,8 @@ class PulsarScanner(BackendScanner):
     # -- the reading task ---------------------------------------------------------------
 
     async def _pump(self, deliver: DeliverPolicy) -> None:
-        reader: OrderedReader | None = None
-        backend = self._backend
         try:
-            reader, validator, after, floor, links = await self._position(deliver)
+            validator, after, floor, links = await self._position(deliver)
             while True:
                 batch: list[ImmutableMessage] = []
                 for link in links:
@@ -94,7 +110,7 @@ class PulsarScanner(BackendScanner):
                         batch += self._decode(valid, after, floor)
                 if batch:
                     await self._queue.put(batch)
-                links = await read_links(reader)
+                links = await self._next_links()
         except asyncio.CancelledError:
             raise
         except WALError as exc:
@@ -102,44 +118,37 @@ class PulsarScanner(BackendScanner):
         except Exception as exc:  # a bug or an untranslated library error: never a hang
             await self._queue.put(BackendUnavailable(f"pulsar scanner failed: {exc!r}"))
         finally:
-            if reader is not None:
-                await close_quietly(reader, backend.options.operation_timeout)
+            await self._close_reader()
 
     async def _position(
         self, deliver: DeliverPolicy
-    ) -> tuple[OrderedReader, ChainValidator, PulsarMessageId | None, bool, list[Link]]:
-        """(a reader, its validator, the id bound, whether the bound is inclusive, the
-        links already read that the validator has yet to see): deliver valid messages
-        with id >= bound (inclusive) or > bound."""
+    ) -> tuple[ChainValidator, PulsarMessageId | None, bool, list[Link]]:
+        """Open the reader; (its validator, the id bound, whether the bound is inclusive,
+        the links already read that the validator has yet to see): deliver valid
+        messages with id >= bound (inclusive) or > bound."""
         backend = self._backend
-        client, topic = backend.client, backend.topic
         if deliver.kind == "all":
-            reader = await create_reader(client, topic, EARLIEST, inclusive=True)
-            return reader, ChainValidator(), None, True, []
+            await self._open(EARLIEST, inclusive=True)
+            return ChainValidator(), None, True, []
         if deliver.kind == "latest":
             end = backend.known_end()
             if end is None:
-                reader = await create_reader(client, topic, LATEST, inclusive=False)
-                links = await _first_links(reader)
-                return await self._anchor(reader, links, links[0].id, inclusive=True)
+                await self._open(LATEST, inclusive=False)
+                links = await self._first_links()
+                return await self._anchor(links, links[0].id, inclusive=True)
             start, inclusive = end, False
         else:
             message_id = deliver.message_id
             if not isinstance(message_id, PulsarMessageId):
                 raise CorruptRecord(f"{message_id!r} is not a pulsar:// message id")
             start, inclusive = message_id, deliver.kind == "start_from"
-        reader = await create_reader(client, topic, start, inclusive=True)
-        links = await _first_links(reader)
-        return await self._anchor(reader, links, start, inclusive=inclusive)
+        await self._open(start, inclusive=True)
+        links = await self._first_links()
+        return await self._anchor(links, start, inclusive=inclusive)
 
     async def _anchor(
-        self,
-        reader: OrderedReader,
-        links: list[Link],
-        bound: PulsarMessageId,
-        *,
-        inclusive: bool,
-    ) -> tuple[OrderedReader, ChainValidator, PulsarMessageId, bool, list[Link]]:
+        self, links: list[Link], bound: PulsarMessageId, *, inclusive: bool
+    ) -> tuple[ChainValidator, PulsarMessageId, bool, list[Link]]:
         """Continue from ``links[0]`` (the first message at or after ``bound``) with a
         validator that knows enough of the log before it to judge it."""
         validator = ChainValidator()
@@ -147,12 +156,53 @@ class PulsarScanner(BackendScanner):
         ends_group = first.barrier or first.member == first.members - 1
         if first.barrier or (not inclusive and first.id == bound and ends_group):
             validator.push(first)  # nothing before it matters for what follows
-            return reader, validator, bound, inclusive, links[1:]
+            return validator, bound, inclusive, links[1:]
         assert first.prev is not None
-        await close_quietly(reader, self._backend.options.operation_timeout)
+        await self._open(first.prev, inclusive=True)
+        return validator, bound, inclusive, []
+
+    async def _open(self, start: PulsarMessageId | str, *, inclusive: bool) -> None:
+        """Read from ``start`` (an id, ``EARLIEST`` or ``LATEST``) on, with a new reader."""
+        await self._close_reader()
         backend = self._backend
-        reader = await create_reader(backend.client, backend.topic, first.prev, inclusive=True)
-        return reader, validator, bound, inclusive, []
+        self._reader = await create_reader(
+            backend.client, backend.topic, start, inclusive=inclusive
+        )
+
+    async def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await close_quietly(reader, self._backend.options.operation_timeout)
+
+    async def _first_links(self) -> list[Link]:
+        """The reader's next links: at least one."""
+        while True:
+            links = await self._next_links()
+            if links:
+                return links
+
+    async def _next_links(self) -> list[Link]:
+        """The reader's next links; a stalled reader is replaced (see the module's
+        docstring)."""
+        backend = self._backend
+        timeout = backend.options.operation_timeout
+        while True:
+            reader = self._reader
+            assert reader is not None
+            try:
+                async with asyncio.timeout(STALL):
+                    return await read_links(reader)
+            except TimeoutError:
+                pass
+            try:
+                async with asyncio.timeout(timeout):
+                    end = await last_entry(backend.client, backend.topic, timeout)
+            except (TimeoutError, WALError):
+                continue  # the broker is away: keep waiting, the client reconnects
+            if behind(reader, end):
+                self.stalls += 1
+                self._reader = None
+                self._reader = await reopen(backend.client, reader, timeout)
 
     def _decode(
         self, valid: list[Link], bound: PulsarMessageId | None, inclusive: bool
@@ -166,11 +216,3 @@ class PulsarScanner(BackendScanner):
             if selected.is_everything or selected.admits(message):
                 out.append(message)
         return out
-
-
-async def _first_links(reader: OrderedReader) -> list[Link]:
-    """The next links of ``reader``: at least one."""
-    while True:
-        links = await read_links(reader)
-        if links:
-            return links

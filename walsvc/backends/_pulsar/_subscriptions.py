@@ -39,8 +39,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Final, final
 
-import pulsar
-
 from ..._deliver import Checkpoint
 from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 from ..._subscriptions import (
@@ -51,8 +49,7 @@ from ..._subscriptions import (
 )
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId
-from ._log import TailTracker, close_quietly
-from ._reader import OrderedReader
+from ._log import EARLIEST, close_quietly, create_reader, last_entry
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
@@ -180,21 +177,15 @@ class PulsarSubscriptionStore(SubscriptionStore):
                 raise translate(exc, f"cannot read the subscriptions in {self.topic}") from exc
 
     async def _read_new(self) -> None:
-        end = await self._end()
+        end = await last_entry(self._client, self.topic, self._timeout)
         if end is None:
             return  # empty (Pulsar Lite cannot answer has_message_available on it)
         scanned = self._scanned
-        if scanned is not None and (scanned.ledger, scanned.entry) >= end:
+        if scanned is not None and scanned >= end:
             return
-        start = pulsar.MessageId.earliest
-        if scanned is not None:
-            start = pulsar.MessageId(
-                scanned.partition, scanned.ledger, scanned.entry, scanned.batch
-            )
-        reader = OrderedReader(
-            await self._client.create_reader(
-                self.topic, start, is_read_compacted=True, start_message_id_inclusive=False
-            )
+        start = EARLIEST if scanned is None else scanned
+        reader = await create_reader(
+            self._client, self.topic, start, inclusive=False, compacted=True
         )
         try:
             while await reader.has_message_available():
@@ -202,14 +193,6 @@ class PulsarSubscriptionStore(SubscriptionStore):
                     self._note(message_id, message)
         finally:
             await close_quietly(reader, self._timeout)
-
-    async def _end(self) -> tuple[int, int] | None:
-        """(ledger, entry) of the topic's last entry, or None if it has none."""
-        tracker = TailTracker(self._client, self.topic, self._timeout)
-        try:
-            return await tracker.last_entry()
-        finally:
-            await tracker.aclose()
 
     def _note(self, message_id: PulsarMessageId, message: Any) -> None:
         """Take in one record (a message of the client's C reader) stored at

@@ -52,7 +52,7 @@ from ..._errors import (
 )
 from ._client import PULSAR_ERRORS, GroupAcks, translate
 from ._ids import PulsarMessageId
-from ._log import close_quietly, create_reader, read_links
+from ._log import ForwardRead, last_entry
 from ._records import ChainValidator, Link, data_properties, split_envelope
 
 #: The marker property of a seal (readers drop seals by the chain rule, not by it).
@@ -106,9 +106,16 @@ class GroupWriter:
         self.barrier = barrier
         self.closed = False
         self.resolved_by_reading = 0
+        self._reads = ForwardRead(client, topic, timeout)
         self.resent = 0
         #: Seals acked directly after the end they sealed.
         self.sealed = 0
+
+    @property
+    def stalls(self) -> int:
+        """How many readers of the log this writer replaced because they stopped
+        delivering (see ``ForwardRead``)."""
+        return self._reads.stalls
 
     def submit(self, records: Sequence[bytes]) -> asyncio.Future[list[PulsarMessageId]]:
         """Queue ``records`` for the next group; the future resolves to their ids."""
@@ -348,19 +355,29 @@ class GroupWriter:
         return PulsarMessageId.of(message_id)
 
     async def _read_end(self) -> PulsarMessageId:
-        """The id of the last message in the log (read when the writer lost track)."""
-        from ._log import TailTracker  # a throwaway tracker: only its scan position
+        """The id of the last message in the log, read from the last message this writer
+        knows is there (when the writer lost track); ``_Fenced`` if a newer writer's
+        barrier is among what it read."""
+        end = self._good
+        fenced = False
 
-        tracker = TailTracker(self._client, self._topic, self._timeout)
-        tracker.scanned = self._good
+        def consume(links: list[Link]) -> None:
+            nonlocal end, fenced
+            fenced = fenced or any(link.barrier and link.id > self.barrier for link in links)
+            end = links[-1].id
+
         try:
-            await tracker.refresh()
-        finally:
-            await tracker.aclose()
-        if tracker.newest_barrier is not None and tracker.newest_barrier > self.barrier:
+            async with asyncio.timeout(self._timeout):
+                bound = await last_entry(self._client, self._topic, self._timeout)
+                if bound is not None:
+                    await self._reads.run(end, inclusive=False, through=bound, consume=consume)
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"reading the end of {self._topic} took longer than {self._timeout} s"
+            ) from None
+        if fenced:
             raise _Fenced
-        assert tracker.scanned is not None
-        return tracker.scanned
+        return end
 
     async def _resolve(
         self,
@@ -371,30 +388,25 @@ class GroupWriter:
         *,
         unknown_if_unreadable: bool,
     ) -> list[PulsarMessageId] | None:
-        """Read the log from ``prev`` (at least to ``last_needed``, then to its end): the
-        ids of this group if it landed valid, None if it did not (``self.end`` moves to
-        the true end); ``_Fenced`` if a newer barrier lies between. If the log cannot be
-        read: ``AppendOutcomeUnknown`` with ``unknown_if_unreadable`` (some send of the
-        group failed), else ``BackendUnavailable``."""
+        """Read the log from ``prev`` (at least to ``last_needed``, else to the last entry
+        the broker reports, then on while more is available): the ids of this group if
+        it landed valid, None if it did not (``self.end`` moves to the true end);
+        ``_Fenced`` if a newer barrier lies between. If the log cannot be read:
+        ``AppendOutcomeUnknown`` with ``unknown_if_unreadable`` (some send of the group
+        failed), else ``BackendUnavailable``."""
         self.resolved_by_reading += 1
         self.end = None
         links: list[Link] = []
         try:
             async with asyncio.timeout(self._timeout):
                 if last_needed is None:
-                    # Read at least to the log's end as the tail tracker finds it: a
-                    # Pulsar Lite reader opened at ``prev`` (inclusive) was seen to answer
-                    # has_message_available False before delivering even ``prev``.
-                    last_needed = await self._read_end()
-                reader = await create_reader(self._client, self._topic, prev, inclusive=True)
-                try:
-                    while True:
-                        if links and links[-1].id >= last_needed:
-                            if not await reader.has_message_available():
-                                break
-                        links += await read_links(reader, lenient=True)
-                finally:
-                    await close_quietly(reader, self._timeout)
+                    last_needed = await last_entry(self._client, self._topic, self._timeout)
+                await self._reads.run(
+                    prev,
+                    inclusive=True,
+                    through=prev if last_needed is None else last_needed,
+                    consume=links.extend,
+                )
         except (TimeoutError, WALError, *PULSAR_ERRORS) as exc:
             if unknown_if_unreadable:
                 raise AppendOutcomeUnknown(
