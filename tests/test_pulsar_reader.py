@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -248,7 +248,7 @@ async def test_a_scanner_idle_at_the_tail_keeps_its_reader(
     """A scanner with nothing to deliver checks the topic's end every ``STALL`` seconds,
     finds it has read all there is, keeps its reader, and wakes for the next append."""
     scanner_module = walsvc.backends._pulsar._scanner
-    real_last_entry = scanner_module.last_entry
+    real_last_entry = walsvc.backends._pulsar._log.last_entry
     lookups = asyncio.Semaphore(0)
 
     async def last_entry(*args: Any) -> Any:
@@ -269,3 +269,40 @@ async def test_a_scanner_idle_at_the_tail_keeps_its_reader(
             await wal.append(data("m", 1))
             assert [m.properties["n"] async for m in take_data(scanner, 1)] == ["m:1"]
             assert the_scanner(wal).stalls == 0
+
+
+class _NoReader:
+    """Stands in for a ``pulsar.asyncio.Reader`` that is never read."""
+
+    _reader = None
+
+
+def _at(start: PulsarMessageId | str, inclusive: bool, last: PulsarMessageId | None) -> Any:
+    reader = OrderedReader(cast(Any, _NoReader()), start=start, inclusive=inclusive)
+    reader._last = last
+    return reader
+
+
+@pytest.mark.parametrize(
+    ("start", "inclusive", "last", "behind"),
+    [
+        ("earliest", True, None, True),  # nothing delivered, the topic has an entry
+        ("latest", False, None, False),  # what it owes came after it: unknowable
+        (PulsarMessageId(3, 4), False, None, True),  # exclusive, before the last entry
+        (PulsarMessageId(3, 5, 2), False, None, False),  # exclusive, inside the last entry
+        (PulsarMessageId(3, 5, 2), True, None, True),  # inclusive: owes that message
+        (PulsarMessageId(3, 6), True, None, False),  # past the last entry
+        ("earliest", True, PulsarMessageId(3, 4, 9), True),
+        ("earliest", True, PulsarMessageId(3, 5, 0), False),
+        ("earliest", True, PulsarMessageId(3, 5), False),  # an unbatched last entry, read
+        ("latest", False, PulsarMessageId(2, 9), True),
+    ],
+)
+def test_whether_a_reader_is_behind_the_last_entry(
+    start: PulsarMessageId | str, inclusive: bool, last: PulsarMessageId | None, behind: bool
+) -> None:
+    """``behind``: whether a reader has yet to deliver a message stored at or before the
+    topic's last entry (here entry (3, 5), as ``last_entry`` gives it, batch index -1)."""
+    reader = _at(start, inclusive, last)
+    assert walsvc.backends._pulsar._log.behind(reader, PulsarMessageId(3, 5)) is behind
+    assert walsvc.backends._pulsar._log.behind(reader, None) is False  # an empty topic
