@@ -147,6 +147,25 @@ async def test_a_cancelled_read_loses_nothing(
         assert not await reader.has_message_available()
 
 
+async def test_a_quiet_reader_says_whether_it_owes_messages(
+    at_the_end: tuple[pulsar_asyncio.Producer, OrderedReader],
+) -> None:
+    """``owes_messages`` lets a wait left by a cancelled read finish, then asks the
+    broker: False at the end of the topic, True once a message waits undelivered."""
+    producer, reader = at_the_end
+    async with asyncio.timeout(HANG):
+        waiting = asyncio.create_task(reader.next_batch())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert not await reader.owes_messages()
+        await producer.send(b"second")
+        assert await reader.owes_messages()  # queued, or at least in the broker
+        assert [m.data() for _, m in await reader.next_batch()] == [b"second"]
+        assert not await reader.owes_messages()
+
+
 async def test_closing_ends_a_waiting_read_at_once(
     at_the_end: tuple[pulsar_asyncio.Producer, OrderedReader],
 ) -> None:
@@ -242,33 +261,73 @@ async def test_a_scanner_replaces_a_reader_that_stops_delivering(
             assert the_scanner(wal).stalls == 1
 
 
-async def test_a_scanner_idle_at_the_tail_keeps_its_reader(
-    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A scanner with nothing to deliver checks the topic's end every ``STALL`` seconds,
-    finds it has read all there is, keeps its reader, and wakes for the next append."""
-    scanner_module = walsvc.backends._pulsar._scanner
+def count_checks(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Semaphore, list[str]]:
+    """Counts what quiet scanners ask: a release of the semaphore per check, and which
+    (``owes_messages`` of the reader, or a ``last_entry`` lookup) in the list."""
+    checks = asyncio.Semaphore(0)
+    asked: list[str] = []
+    real_owes = OrderedReader.owes_messages
     real_last_entry = walsvc.backends._pulsar._log.last_entry
-    lookups = asyncio.Semaphore(0)
+
+    async def owes_messages(self: OrderedReader) -> bool:
+        asked.append("owes_messages")
+        try:
+            return await real_owes(self)
+        finally:
+            checks.release()
 
     async def last_entry(*args: Any) -> Any:
+        asked.append("last_entry")
         try:
             return await real_last_entry(*args)
         finally:
-            lookups.release()
+            checks.release()
 
-    monkeypatch.setattr(scanner_module, "STALL", 0.1)
-    monkeypatch.setattr(scanner_module, "last_entry", last_entry)
+    monkeypatch.setattr(OrderedReader, "owes_messages", owes_messages)
+    monkeypatch.setattr(walsvc.backends._pulsar._scanner, "last_entry", last_entry)
+    return checks, asked
+
+
+async def test_a_scanner_idle_at_the_tail_keeps_its_reader(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scanner with nothing to deliver asks its reader every ``STALL`` seconds whether
+    the broker holds more (never a last-entry lookup: the reader has delivered), keeps
+    the reader, and wakes for the next append."""
+    checks, asked = count_checks(monkeypatch)
+    monkeypatch.setattr(walsvc.backends._pulsar._scanner, "STALL", 0.1)
     async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
         await wal.append(data("m", 0))
         async with wal.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner:
             assert [m.properties["n"] async for m in take_data(scanner, 1)] == ["m:0"]
             async with asyncio.timeout(HANG):
                 for _ in range(3):
-                    await lookups.acquire()
+                    await checks.acquire()
             await wal.append(data("m", 1))
             assert [m.properties["n"] async for m in take_data(scanner, 1)] == ["m:1"]
             assert the_scanner(wal).stalls == 0
+    assert set(asked) == {"owes_messages"}
+
+
+async def test_a_scanner_replaces_a_reader_that_stops_delivering_midway(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scanner's reader stops delivering after the first messages: asked after
+    ``STALL`` seconds, it owes the next ones; a new reader resumes after the last one
+    delivered, so nothing is lost or repeated."""
+    _, asked = count_checks(monkeypatch)
+    async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
+        for i in range(3):
+            await wal.append(data("m", i))
+        async with wal.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner:
+            seen = [m.properties["n"] async for m in take_data(scanner, 3)]
+            stall_the_next_reader(monkeypatch, walsvc.backends._pulsar._scanner)
+            for i in range(3, 6):
+                await wal.append(data("m", i))
+            seen += [m.properties["n"] async for m in take_data(scanner, 3)]
+            assert seen == [f"m:{i}" for i in range(6)]
+            assert the_scanner(wal).stalls == 1
+    assert asked[:1] == ["owes_messages"]
 
 
 class _NoReader:

@@ -177,6 +177,21 @@ class OrderedReader:
         except PULSAR_ERRORS as exc:
             raise translate(exc, f"reading {self.topic()} failed") from exc
 
+    async def owes_messages(self) -> bool:
+        """Whether the topic holds a message after the last one ``next_batch`` returned
+        that this reader has yet to return (for a reader that has been quiet): a wait
+        left by a cancelled ``next_batch`` is let finish first (at most ``_WAIT_MS``); if
+        it brought messages, the answer is False and they go to the next ``next_batch``.
+        Otherwise the broker is asked (``has_message_available``). Pulsar errors are
+        translated."""
+        waiting = self._waiting
+        if waiting is not None:
+            await asyncio.wait((waiting,))
+            if waiting.exception() is not None or waiting.result():
+                return False  # the next next_batch returns them, or raises
+            self._waiting = None
+        return await self.has_message_available()
+
     async def close(self) -> None:
         """Close the reader. A blocking pop in a worker wakes at once and fails; this
         returns only once that worker has left the client's code (or after twice the

@@ -6,10 +6,13 @@ positions the reader so that the chain rule can be checked from the first messag
 delivers (see ``_records``): to start at X it reads X, then reopens at the id X's group
 names as its predecessor and validates forward from there.
 
-A reader that delivers nothing for ``STALL`` seconds is checked against the topic's last
-entry: if the broker holds a message the reader has yet to deliver (Pulsar Lite was seen
-to stop serving a reader), it is replaced by one that resumes right after the last
-message read. An idle scanner at the tail so costs one last-entry lookup per ``STALL``.
+A reader that delivers nothing for ``STALL`` seconds is asked whether the broker holds a
+message it has yet to deliver (its ``has_message_available``: one request on the
+reader's own connection); if so (Pulsar Lite was seen to stop serving a reader), it is
+replaced by one that resumes right after the last message read. A reader that has
+delivered nothing yet, or that cannot answer, is checked against the topic's last entry
+instead (``last_entry``: a short-lived subscription). An idle scanner at the tail so
+costs one request per ``STALL``.
 """
 
 from __future__ import annotations
@@ -194,15 +197,29 @@ class PulsarScanner(BackendScanner):
                     return await read_links(reader)
             except TimeoutError:
                 pass
-            try:
-                async with asyncio.timeout(timeout):
-                    end = await last_entry(backend.client, backend.topic, timeout)
-            except (TimeoutError, WALError):
-                continue  # the broker is away: keep waiting, the client reconnects
-            if behind(reader, end):
+            if await self._stalled(reader):
                 self.stalls += 1
                 self._reader = None
                 self._reader = await reopen(backend.client, reader, timeout)
+
+    async def _stalled(self, reader: OrderedReader) -> bool:
+        """Whether quiet ``reader`` owes a message the broker holds (see the module's
+        docstring); False when that cannot be found out (the broker is away: the client
+        reconnects and the reader goes on)."""
+        backend = self._backend
+        timeout = backend.options.operation_timeout
+        if reader.last is not None:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await reader.owes_messages()
+            except (TimeoutError, WALError):
+                pass
+        try:
+            async with asyncio.timeout(timeout):
+                end = await last_entry(backend.client, backend.topic, timeout)
+        except (TimeoutError, WALError):
+            return False
+        return behind(reader, end)
 
     def _decode(
         self, valid: list[Link], bound: PulsarMessageId | None, inclusive: bool
