@@ -365,3 +365,72 @@ def test_whether_a_reader_is_behind_the_last_entry(
     reader = _at(start, inclusive, last)
     assert walsvc.backends._pulsar._log.behind(reader, PulsarMessageId(3, 5)) is behind
     assert walsvc.backends._pulsar._log.behind(reader, None) is False  # an empty topic
+
+
+# ---------------------------------------------------------------------------------------
+# The first tail read reads back from the end
+
+
+async def test_the_first_tail_read_reads_only_the_last_window(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new WAL's first ``latest_message_id`` reads the last ``WINDOW`` entries, not
+    the whole log; the next one reads only what was appended since."""
+    monkeypatch.setattr(walsvc.backends._pulsar._log, "WINDOW", 8)
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        results = [await wal.append(data("m", i)) for i in range(60)]  # an entry each
+        async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+            tracker = backend_of(reader)._tracker
+            assert await reader.latest_message_id() == results[-1].message_id
+            assert await backend_of(reader).last_timetick() == results[-1].timetick
+            assert tracker.messages_read == 8
+            more = [await wal.append(data("m", i)) for i in range(60, 63)]
+            assert await reader.latest_message_id() == more[-1].message_id
+            assert tracker.messages_read == 8 + 3
+
+
+async def test_the_first_tail_read_reads_further_back_past_barriers(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last entries hold no valid data message (three writers opened and appended
+    nothing: three barriers): the window grows eightfold until it finds the newest
+    valid message."""
+    monkeypatch.setattr(walsvc.backends._pulsar._log, "WINDOW", 2)
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        results = [await wal.append(data("m", i)) for i in range(30)]
+    for _ in range(3):
+        await (await walsvc.open_wal(broker.url, pch, interceptors=[])).aclose()
+    async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+        assert await reader.latest_message_id() == results[-1].message_id
+        assert await backend_of(reader).last_timetick() == results[-1].timetick
+        assert backend_of(reader)._tracker.messages_read == 2 + 16
+
+
+async def test_a_short_log_is_read_from_its_start(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log of fewer entries than the window is read from its first entry."""
+    monkeypatch.setattr(walsvc.backends._pulsar._log, "WINDOW", 4)
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        first = await wal.append(data("m", 0))
+        async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+            assert await reader.latest_message_id() == first.message_id
+            assert backend_of(reader)._tracker.messages_read == 2  # barrier, message
+
+
+async def test_a_group_at_the_start_of_a_window_is_judged_from_further_back(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window (one entry) starts inside the newest group: its messages cannot be
+    judged there (what precedes them is unread), so the tracker reads further back and
+    then finds the group valid."""
+    monkeypatch.setattr(walsvc.backends._pulsar._log, "WINDOW", 1)
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        results = await wal.append_many([data("m", i) for i in range(3)])  # one group
+        async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+            assert await reader.latest_message_id() == results[-1].message_id
+            assert backend_of(reader)._tracker.messages_read > 4  # the window, then all

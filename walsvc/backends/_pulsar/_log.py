@@ -2,7 +2,10 @@
 
 ``TailTracker`` answers ``latest_message_id`` and ``last_timetick`` by applying the chain
 rule to the log incrementally: each refresh reads only what was appended since the last
-one, up to the topic's last entry at the time of the call.
+one, up to the topic's last entry at the time of the call. The first refresh does not
+read the whole log: the chain rule judges a group by the message just before it, so it
+reads the last ``WINDOW`` entries of the last ledger and, if they hold no valid data
+message, windows eight times larger, down to the start of the log.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ __all__ = (
 
 #: Seconds a tail read waits for a message it knows exists before it replaces its reader.
 STALL: Final = 5.0
+#: Entries the first tail read reads back from the last one (then 8x, 64x, ...).
+WINDOW: Final = 64
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 
@@ -221,7 +226,8 @@ class ForwardRead:
 @final
 class TailTracker:
     """The newest valid message id and the greatest timetick of a topic, kept up to date
-    by reading the log forward from where the previous refresh stopped."""
+    by reading the log forward from where the previous refresh stopped (the first
+    refresh: from the last window of entries holding a valid data message)."""
 
     def __init__(self, client: pulsar_asyncio.Client, topic: str, timeout: float) -> None:
         self._client = client
@@ -233,14 +239,19 @@ class TailTracker:
         self._reads = ForwardRead(client, topic, timeout)
         #: What the refresh in progress is doing (for the message of a timeout).
         self._step = "starting"
+        #: Whether what was read so far reaches back far enough (see ``_read_back``).
+        self._anchored = False
         #: The last message read (any kind); the next refresh starts after it.
         self.scanned: PulsarMessageId | None = None
         #: The newest valid data message (what ``latest_message_id`` returns).
         self.tip: PulsarMessageId | None = None
-        #: The greatest timetick of any data message read (valid or not).
+        #: The greatest timetick of any data message read (valid or not). Valid
+        #: messages' timeticks grow in log order, so it is at least the tip's.
         self.max_tick = 0
         #: The newest barrier read (the newest writer's, as far as this tracker read).
         self.newest_barrier: PulsarMessageId | None = None
+        #: Messages read by every refresh so far.
+        self.messages_read = 0
 
     @property
     def stalls(self) -> int:
@@ -267,10 +278,39 @@ class TailTracker:
         bound = await last_entry(self._client, self._topic, self._timeout)
         if bound is None:
             return  # an empty topic (and has_message_available fails on one)
+        if not self._anchored:
+            await self._read_back(bound)
+            return
         self._step = f"reading toward {bound!r}"
         await self._reads.run(self.scanned, inclusive=False, through=bound, consume=self._note)
 
+    async def _read_back(self, bound: PulsarMessageId) -> None:
+        """The first refresh: read windows ending at ``bound`` (the last entry), each
+        eight times as many entries as the one before, until one holds a valid data
+        message or starts the log. A window's first message can only anchor the chain
+        (what precedes it is unread), so a group is judged only from the second on.
+        A window cut short (the timeout) is read again by the next refresh; the read
+        from the start of the log is continued instead."""
+        entries = WINDOW
+        while True:
+            self._validator = ChainValidator()
+            self.scanned, self.tip, self.max_tick, self.newest_barrier = None, None, 0, None
+            first = bound.entry - entries + 1
+            if first <= 0:  # from the start of the log (earlier ledgers too)
+                self._anchored = True
+                self._step = f"reading from the start toward {bound!r}"
+                await self._reads.run(None, inclusive=True, through=bound, consume=self._note)
+                return
+            start = PulsarMessageId(bound.ledger, first)
+            self._step = f"reading back from {bound!r} to {start!r}"
+            await self._reads.run(start, inclusive=True, through=bound, consume=self._note)
+            if self.tip is not None:
+                self._anchored = True
+                return
+            entries *= 8
+
     def _note(self, links: list[Link]) -> None:
+        self.messages_read += len(links)
         for link in links:
             if link.barrier:
                 self.newest_barrier = link.id
