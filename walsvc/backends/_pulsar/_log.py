@@ -37,7 +37,7 @@ __all__ = (
 #: Seconds a tail read waits for a message it knows exists before it replaces its reader.
 STALL: Final = 5.0
 #: Entries the first tail read reads back from the last one (then 8x, 64x, ...).
-WINDOW: Final = 64
+WINDOW: Final = 16
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 
