@@ -1,4 +1,5 @@
-"""Reading a pchannel's topic: readers at exact positions, links, and the tail tracker.
+"""Reading a pchannel's topic: readers at exact positions (and their replacements when
+they stop delivering), links, reads to a known end, and the tail tracker.
 
 ``TailTracker`` answers ``latest_message_id`` and ``last_timetick`` by applying the chain
 rule to the log incrementally: each refresh reads only what was appended since the last
