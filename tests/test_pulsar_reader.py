@@ -217,6 +217,32 @@ async def test_a_tail_read_replaces_a_reader_that_stops_delivering(
         assert backend_of(reader)._tracker.stalls == 1
 
 
+async def test_a_tail_read_replaces_a_reader_that_does_not_answer(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tail tracker's reader reads everything, then never answers whether more is
+    available: after ``STALL`` seconds a new reader asks again."""
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        results = [await wal.append(data("m", i)) for i in range(3)]
+    real = OrderedReader.has_message_available
+    silent: list[OrderedReader] = []
+
+    async def has_message_available(self: OrderedReader) -> bool:
+        if not silent:
+            silent.append(self)
+        if self is silent[0]:
+            await asyncio.Event().wait()  # never set
+        return await real(self)
+
+    monkeypatch.setattr(walsvc.backends._pulsar._log, "STALL", 0.2)
+    monkeypatch.setattr(OrderedReader, "has_message_available", has_message_available)
+    async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+        async with asyncio.timeout(HANG):
+            assert await reader.latest_message_id() == results[-1].message_id
+        assert backend_of(reader)._tracker.stalls == 1
+
+
 async def test_a_writer_reading_the_log_replaces_a_reader_that_stops_delivering(
     broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
 ) -> None:

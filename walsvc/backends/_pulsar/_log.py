@@ -176,9 +176,10 @@ class ForwardRead:
 
     ``run`` hands every message to ``consume``, in strictly increasing id order, until it
     has read ``through`` (an id known to exist) and the broker reports nothing more. A
-    reader that delivers nothing for ``STALL`` seconds meanwhile (Pulsar Lite was seen to
-    stop serving one that still had entries to send) is closed and replaced by a reader
-    that starts right after the last message read. ``run`` has no deadline of its own:
+    reader that delivers nothing (or does not answer whether more is available) for
+    ``STALL`` seconds meanwhile (Pulsar Lite was seen to stop serving one that still had
+    entries to send) is closed and replaced by a reader that starts right after the last
+    message read. ``run`` has no deadline of its own:
     the caller bounds it.
     """
 
@@ -205,13 +206,13 @@ class ForwardRead:
             reader = await create_reader(self._client, self._topic, start, inclusive=inclusive)
         try:
             while True:
-                if last is not None and last >= through:
-                    if not await reader.has_message_available():
-                        return
                 try:
                     async with asyncio.timeout(STALL):
+                        if last is not None and last >= through:
+                            if not await reader.has_message_available():
+                                return
                         links = await read_links(reader, lenient=True)
-                except TimeoutError:
+                except TimeoutError:  # no answer or no message: the reader is stuck
                     self.stalls += 1
                     reader = await reopen(self._client, reader, self._timeout)
                     continue
