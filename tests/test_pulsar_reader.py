@@ -183,20 +183,30 @@ async def test_closing_ends_a_waiting_read_at_once(
 
 
 def stall_the_next_reader(
-    monkeypatch: pytest.MonkeyPatch, module: ModuleType = walsvc.backends._pulsar._log
+    monkeypatch: pytest.MonkeyPatch,
+    module: ModuleType = walsvc.backends._pulsar._log,
+    *,
+    after: PulsarMessageId | None = None,
 ) -> None:
     """Fault injection: the next reader that ``module`` reads from (``_log``: tail reads
-    and writers; ``_scanner``: scanners) never delivers anything, as a reader the broker
-    stopped serving; ``STALL`` becomes 0.2 s there."""
+    and writers; ``_scanner``: scanners) stops delivering, as a reader the broker stopped
+    serving: at once, or once it has delivered a message at or past ``after``.
+    ``STALL`` becomes 0.2 s there."""
     real_read_links = module.read_links
     stalled: list[Any] = []
+    stopped = after is None
 
     async def read_links(reader: Any, *, lenient: bool = False) -> Any:
+        nonlocal stopped
         if not stalled:
             stalled.append(reader)
-        if reader is stalled[0]:
+        if reader is not stalled[0]:
+            return await real_read_links(reader, lenient=lenient)
+        if stopped:
             await asyncio.Event().wait()  # never set
-        return await real_read_links(reader, lenient=lenient)
+        links = await real_read_links(reader, lenient=lenient)
+        stopped = after is not None and any(link.id >= after for link in links)
+        return links
 
     monkeypatch.setattr(module, "STALL", 0.2)
     monkeypatch.setattr(module, "read_links", read_links)
@@ -339,11 +349,12 @@ async def test_a_scanner_replaces_a_reader_that_stops_delivering_midway(
     delivered, so nothing is lost or repeated."""
     _, asked = count_checks(monkeypatch)
     async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
-        for i in range(3):
-            await wal.append(data("m", i))
+        results = [await wal.append(data("m", i)) for i in range(3)]
+        midway = results[-1].message_id
+        assert isinstance(midway, PulsarMessageId)
+        stall_the_next_reader(monkeypatch, walsvc.backends._pulsar._scanner, after=midway)
         async with wal.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner:
             seen = [m.properties["n"] async for m in take_data(scanner, 3)]
-            stall_the_next_reader(monkeypatch, walsvc.backends._pulsar._scanner)
             for i in range(3, 6):
                 await wal.append(data("m", i))
             seen += [m.properties["n"] async for m in take_data(scanner, 3)]
