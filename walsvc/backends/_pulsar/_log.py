@@ -179,8 +179,7 @@ class ForwardRead:
     reader that delivers nothing (or does not answer whether more is available) for
     ``STALL`` seconds meanwhile (Pulsar Lite was seen to stop serving one that still had
     entries to send) is closed and replaced by a reader that starts right after the last
-    message read. ``run`` has no deadline of its own:
-    the caller bounds it.
+    message read. ``run`` has no deadline of its own: the caller bounds it.
     """
 
     def __init__(self, client: pulsar_asyncio.Client, topic: str, timeout: float) -> None:
@@ -200,10 +199,12 @@ class ForwardRead:
     ) -> None:
         """Read from ``start`` (None: the earliest message) to at least ``through``."""
         last = None if inclusive else start
-        if start is None:
-            reader = await create_reader(self._client, self._topic, EARLIEST, inclusive=True)
-        else:
-            reader = await create_reader(self._client, self._topic, start, inclusive=inclusive)
+        reader = await create_reader(
+            self._client,
+            self._topic,
+            EARLIEST if start is None else start,
+            inclusive=inclusive or start is None,
+        )
         try:
             while True:
                 try:

@@ -199,7 +199,7 @@ class PulsarScanner(BackendScanner):
                 pass
             if await self._stalled(reader):
                 self.stalls += 1
-                self._reader = None
+                self._reader = None  # reopen closes it, even if no new reader comes
                 self._reader = await reopen(backend.client, reader, timeout)
 
     async def _stalled(self, reader: OrderedReader) -> bool:
