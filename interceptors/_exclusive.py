@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from operator import attrgetter
 from typing import final
 
 from walsvc import EXCLUSIVE_TYPES, AppendResult, Message
@@ -27,6 +28,9 @@ __all__ = ("ExclusiveLock",)
 #: Rolls back the open transactions of a vchannel ("" for all), with a reason.
 AbortVchannel = Callable[[str, str], Awaitable[None]]
 _BROADCAST = ""
+# Batch passes iterate in C (map), not in a comprehension: no bytecode per message.
+_type_of = attrgetter("type")
+_vchannel_of = attrgetter("vchannel")
 
 
 @final
@@ -46,11 +50,15 @@ class ExclusiveLock:
     transactions through ``abort_transactions`` (the default chain wires it to
     ``Transactions.abort_vchannel``)."""
 
-    __slots__ = ("_abort", "_gates", "_in_flight", "_waiters")
+    __slots__ = ("_abort", "_batches", "_gates", "_in_flight", "_waiters")
 
     def __init__(self, abort_transactions: AbortVchannel | None = None) -> None:
         self._abort = abort_transactions
-        self._in_flight: dict[str, int] = {}  # appends past the gates, per vchannel
+        self._in_flight: dict[str, int] = {}  # single appends past the gates, per vchannel
+        # Batches past the gates, each under a token of its own: recorded once, not once
+        # per vchannel (a DDL, which is rare, looks through them; a batch, which is
+        # common, costs two dict operations).
+        self._batches: dict[object, Sequence[Message]] = {}
         self._gates: dict[str, _Gate] = {}  # vchannels with exclusive messages pending
         self._waiters: list[asyncio.Future[None]] = []  # woken when either changes
 
@@ -90,20 +98,21 @@ class ExclusiveLock:
     ) -> list[AppendResult]:
         """A batch with an exclusive message goes one message at a time; any other batch
         passes the gates of all its vchannels at once."""
-        if not EXCLUSIVE_TYPES.isdisjoint({m.type for m in messages}):
+        if not EXCLUSIVE_TYPES.isdisjoint(map(_type_of, messages)):
             one = _single(call_next)
             return [await self.do_append(message, one) for message in messages]
-        vchannels = {m.vchannel for m in messages}
-        if self._gates and any(self._held(v) for v in vchannels):
-            await self._wait_until(lambda: not any(self._held(v) for v in vchannels))
-        in_flight = self._in_flight
-        for v in vchannels:
-            in_flight[v] = in_flight.get(v, 0) + 1
+        if self._gates:
+            vchannels = set(map(_vchannel_of, messages))
+            if any(self._held(v) for v in vchannels):
+                await self._wait_until(lambda: not any(self._held(v) for v in vchannels))
+        token = object()
+        self._batches[token] = messages
         try:
             return await call_next(messages)
         finally:
-            for v in vchannels:
-                self._leave(v)
+            del self._batches[token]
+            if self._waiters:
+                self._wake()
 
     def _held(self, vchannel: str) -> bool:
         """True while a pending exclusive message holds back appends on ``vchannel``."""
@@ -114,8 +123,13 @@ class ExclusiveLock:
         """True while appends an exclusive message on ``vchannel`` waits for are in
         flight (and, for a broadcast one, while other exclusive messages run)."""
         if vchannel == _BROADCAST:
-            return bool(self._in_flight) or len(self._gates) > 1
-        return vchannel in self._in_flight or _BROADCAST in self._in_flight
+            return bool(self._in_flight) or bool(self._batches) or len(self._gates) > 1
+        if vchannel in self._in_flight or _BROADCAST in self._in_flight:
+            return True
+        reached = {vchannel, _BROADCAST}
+        return any(
+            not reached.isdisjoint(map(_vchannel_of, batch)) for batch in self._batches.values()
+        )
 
     def _leave(self, vchannel: str) -> None:
         """An append on ``vchannel`` finished; the last one may let a DDL go."""

@@ -144,3 +144,66 @@ async def test_appends_queued_when_the_wal_closes_are_written(tmp_path: Path) ->
     assert await read_back(tmp_path) == [message(n).payload for n in range(PRODUCERS)]
     with pytest.raises(WALClosed):
         await wal.append(message(0))
+
+
+class HoldBatches:
+    """A pass-through interceptor that holds every batch until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        return await call_next(message)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        self.holding.set()
+        await self.release.wait()
+        return await call_next(messages)
+
+
+async def test_a_producer_cancelled_while_its_batch_runs_leaves_the_others_answered(
+    tmp_path: Path,
+) -> None:
+    hold = HoldBatches()
+    chain = [*default_chain(sync_interval=None), hold]
+    async with await walsvc.open_wal(f"file://{tmp_path}", "p0", interceptors=chain) as wal:
+        await wal.wait_ready()
+        appends = [asyncio.ensure_future(wal.append(message(n))) for n in range(5)]
+        await hold.holding.wait()
+        appends[2].cancel()
+        hold.release.set()
+        async with asyncio.timeout(10):  # a producer left unanswered fails, not hangs
+            outcomes = await asyncio.gather(*appends, return_exceptions=True)
+    assert isinstance(outcomes[2], asyncio.CancelledError)
+    results = [o for i, o in enumerate(outcomes) if i != 2]
+    assert all(isinstance(o, AppendResult) for o in results)
+    # The batch was already on its way: the cancelled producer's message is in the log.
+    assert await read_back(tmp_path) == [message(n).payload for n in range(5)]
+
+
+class DropsAResult:
+    """A faulty interceptor: returns one result fewer than the batch it appended."""
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        return await call_next(message)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        return (await call_next(messages))[:-1]
+
+
+async def test_a_chain_that_loses_a_result_fails_every_producer_of_the_batch(
+    tmp_path: Path,
+) -> None:
+    chain = [*default_chain(sync_interval=None), DropsAResult()]
+    async with await walsvc.open_wal(f"file://{tmp_path}", "p0", interceptors=chain) as wal:
+        await wal.wait_ready()
+        outcomes = await asyncio.gather(
+            *(wal.append(message(n)) for n in range(PRODUCERS)), return_exceptions=True
+        )
+    assert all(isinstance(o, walsvc.AppendOutcomeUnknown) for o in outcomes), outcomes
+    assert "returned" in str(outcomes[0])

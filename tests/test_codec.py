@@ -18,6 +18,7 @@ from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType
 from walsvc._codec import (
     HEADER_SIZE,
     VERSION,
+    are_plain,
     count_run,
     decode,
     decode_run,
@@ -609,7 +610,16 @@ def _in_python(function: Any, *args: Any) -> Any:
             setattr(compiled, name, value)
 
 
+class _MessageSubclass(Message):
+    """A user's subclass of Message: never taken for a plain batch."""
+
+
 plain_messages = st.builds(Message, payload=PAYLOADS, vchannel=TEXT, type=MESSAGE_TYPES)
+#: Read by slot (a Message) or by name (a subclass) in the compiled encoders.
+plain_or_subclass = st.one_of(
+    plain_messages,
+    st.builds(_MessageSubclass, payload=PAYLOADS, vchannel=TEXT, type=MESSAGE_TYPES),
+)
 
 
 @given(
@@ -629,7 +639,40 @@ def test_the_compiled_batch_encoder_writes_what_encode_plain_writes(
     )
 
 
-@given(plain_messages, st.integers(0, 2**62), U64, st.binary(max_size=40), st.integers(0, 4_000))
+def _maybe_plain(cls: type[Message]) -> st.SearchStrategy[Message]:
+    return st.builds(
+        cls,
+        payload=st.binary(max_size=12),
+        vchannel=st.sampled_from(["v1", "", "ü"]),
+        properties=st.sampled_from([{}, {"k": "v"}]),
+        idempotency_key=st.sampled_from([None, "key"]),
+        txn=st.sampled_from([None, TxnContext(1, 10)]),
+    )
+
+
+@given(
+    st.lists(st.one_of(_maybe_plain(Message), _maybe_plain(_MessageSubclass)), max_size=5),
+    st.integers(0, 14),
+)
+def test_the_compiled_plain_batch_check_agrees_with_the_python_one(
+    messages: list[Message], max_payload: int
+) -> None:
+    """``are_plain``: every message a Message itself, with no properties, key or txn and
+    a payload within ``max_payload``."""
+    expected = all(
+        type(m) is Message
+        and not m.properties
+        and m.idempotency_key is None
+        and m.txn is None
+        and len(m.payload) <= max_payload
+        for m in messages
+    )
+    assert walsvc._compiled.are_plain is not None, "Message's fields were not bound"
+    assert are_plain(messages, max_payload) is expected
+    assert _in_python(are_plain, messages, max_payload) is expected
+
+
+@given(plain_or_subclass, st.integers(0, 2**62), U64, st.binary(max_size=40), st.integers(0, 4_000))
 def test_the_compiled_single_encoder_writes_what_encode_plain_writes(
     message: Message, tick: int, term: int, ext: bytes, limit: int
 ) -> None:

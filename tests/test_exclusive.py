@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 
 import _faulty
 import pytest
@@ -186,3 +187,79 @@ async def test_admitted_plain_appends_count_in_flight_and_see_the_gates() -> Non
     assert appended == [b"ddl"]
     assert lock.admit_plain(data(b"after"))
     lock.release_plain(data(b"after"))
+
+
+class SlowBatches:
+    """The next step of the chain for ``ExclusiveLock`` under test: batches wait for
+    ``release``, single appends land at once; ``landed`` is the order they land in."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.landed: list[bytes] = []
+
+    async def batch(self, messages: Sequence[Message]) -> list[AppendResult]:
+        await self.release.wait()
+        self.landed += [m.payload for m in messages]
+        return [AppendResult(MemoryMessageId(i), i, None) for i in range(len(messages))]
+
+    async def one(self, message: Message) -> AppendResult:
+        self.landed.append(message.payload)
+        return AppendResult(MemoryMessageId(0), 0, None)
+
+
+async def test_a_batch_in_flight_holds_back_ddls_of_its_vchannels_only() -> None:
+    lock, chain = ExclusiveLock(), SlowBatches()
+    batch = asyncio.ensure_future(
+        lock.do_append_batch([data(b"a", vchannel="v1"), data(b"b", vchannel="v2")], chain.batch)
+    )
+    await settle()
+    await lock.do_append(data(b"ddl-v3", vchannel="v3", type=MessageType.DROP_PARTITION), chain.one)
+    ddl_v2 = asyncio.ensure_future(
+        lock.do_append(data(b"ddl-v2", vchannel="v2", type=MessageType.DROP_PARTITION), chain.one)
+    )
+    await settle()
+    held_batch = asyncio.ensure_future(
+        lock.do_append_batch([data(b"c", vchannel="v3"), data(b"d", vchannel="v2")], chain.batch)
+    )
+    ddl_all = asyncio.ensure_future(
+        lock.do_append(data(b"ddl-all", vchannel="", type=MessageType.DROP_COLLECTION), chain.one)
+    )
+    await settle()
+    assert chain.landed == [b"ddl-v3"]  # another vchannel's DDL did not wait
+    assert not ddl_v2.done()
+    assert not ddl_all.done()
+    assert not held_batch.done()
+    chain.release.set()
+    await asyncio.gather(batch, ddl_v2, held_batch, ddl_all)
+    assert chain.landed[:4] == [b"ddl-v3", b"a", b"b", b"ddl-v2"]
+    # The held batch and the broadcast DDL were both waiting: either may go first.
+    assert sorted(chain.landed[4:]) == [b"c", b"d", b"ddl-all"]
+
+
+@pytest.mark.parametrize(
+    ("batch_vchannels", "ddl_vchannel", "waits"),
+    [
+        (("v1", "v2"), "v2", True),
+        (("v1", "v2"), "v3", False),
+        (("v1",), "", True),  # a broadcast DDL waits for every append in flight
+        (("v1", ""), "v9", True),  # a broadcast message reaches every vchannel
+    ],
+)
+async def test_whether_a_ddl_waits_for_a_batch_in_flight(
+    batch_vchannels: tuple[str, ...], ddl_vchannel: str, waits: bool
+) -> None:
+    lock, chain = ExclusiveLock(), SlowBatches()
+    batch = asyncio.ensure_future(
+        lock.do_append_batch([data(v.encode(), vchannel=v) for v in batch_vchannels], chain.batch)
+    )
+    await settle()
+    ddl = asyncio.ensure_future(
+        lock.do_append(
+            data(b"ddl", vchannel=ddl_vchannel, type=MessageType.DROP_PARTITION), chain.one
+        )
+    )
+    await settle()
+    assert ddl.done() is not waits
+    chain.release.set()
+    await asyncio.gather(batch, ddl)
+    assert (chain.landed[-1] == b"ddl") is waits

@@ -20,10 +20,11 @@ out of the batch, so its message is not appended.
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import final
 
 from ._chain import AppendBatchNext, AppendNext
-from ._errors import MessageTooLarge
+from ._errors import AppendOutcomeUnknown, MessageTooLarge
 from ._message import AppendResult, Message
 
 __all__ = ("AppendCoalescer",)
@@ -56,29 +57,24 @@ class AppendCoalescer:
         self._futures.append(future)
         self._messages.append(message)
         if len(self._messages) == 1:
-            loop.call_soon(self._start_batch)
+            # The task's first step runs after the callbacks already ready (the other
+            # producers woken with this one), and takes everything queued by then. Tasks
+            # start in the order they are created, so batches reach the serialization
+            # point in submission order.
+            task = loop.create_task(self._append_queued())
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
         return future
 
-    def _start_batch(self) -> None:
-        """Hand the queued messages to a task that appends them (tasks start in the order
-        they are created, so batches reach the serialization point in submission order)."""
+    async def _append_queued(self) -> None:
+        """Append the queued messages as one batch, leaving out cancelled producers."""
         messages, futures = self._messages, self._futures
-        if not messages:
-            return
         self._messages, self._futures = [], []
-        if any(map(asyncio.Future.cancelled, futures)):
+        if any(map(_cancelled, futures)):
             kept = [(m, f) for m, f in zip(messages, futures, strict=True) if not f.cancelled()]
             if not kept:
                 return
             messages, futures = [m for m, _ in kept], [f for _, f in kept]
-        assert self._loop is not None
-        task = self._loop.create_task(self._append(messages, futures))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def _append(
-        self, messages: list[Message], futures: list[asyncio.Future[AppendResult]]
-    ) -> None:
         try:
             if len(messages) == 1:
                 results = [await self._append_one(messages[0])]
@@ -95,9 +91,20 @@ class AppendCoalescer:
             if not isinstance(exc, Exception):
                 raise
             return
-        for future, result in zip(futures, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        if len(results) != len(futures):
+            _fail(
+                futures,
+                AppendOutcomeUnknown(
+                    f"the interceptor chain returned {len(results)} results for a batch of"
+                    f" {len(futures)} appends; they may or may not be in the log"
+                ),
+            )
+        elif any(map(_done, futures)):  # a producer was cancelled while its batch ran
+            for future, result in zip(futures, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+        else:  # the usual batch: resolved without a bytecode per producer
+            _consume(map(_set_result, futures, results))
 
     async def _one_by_one(
         self, messages: list[Message], futures: list[asyncio.Future[AppendResult]]
@@ -115,11 +122,17 @@ class AppendCoalescer:
                 future.set_exception(exc)
 
     async def drain(self) -> None:
-        """Start the queued batch now and wait until every batch has been appended (or
+        """Wait until every batch, the queued one included, has been appended (or
         failed): what the WAL does before it closes."""
-        self._start_batch()
         while self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+
+
+_cancelled = asyncio.Future.cancelled
+_done = asyncio.Future.done
+_set_result = asyncio.Future.set_result
+#: Runs an iterator to its end, keeping nothing.
+_consume = collections.deque[object](maxlen=0).extend
 
 
 def _fail(futures: list[asyncio.Future[AppendResult]], exc: BaseException) -> None:

@@ -38,6 +38,7 @@ __all__ = (
     "HEADER_SIZE",
     "VERSION",
     "EnvelopeHeader",
+    "are_plain",
     "count_run",
     "decode",
     "decode_run",
@@ -181,6 +182,25 @@ def encode_plain_many(
             return None
         records.append(record)
     return records
+
+
+def are_plain(messages: list[Message], max_payload: int) -> bool:
+    """True if every message is a ``Message`` itself (not a subclass) with no properties,
+    key or txn and a payload of at most ``max_payload`` bytes: a batch
+    ``encode_plain_many`` takes. Compiled when walsvc was built with
+    ``walsvc/_speedups.c``."""
+    if _compiled.are_plain is not None:
+        return _compiled.are_plain(messages, max_payload)
+    for message in messages:
+        if (
+            type(message) is not Message
+            or message.properties
+            or message.idempotency_key is not None
+            or message.txn is not None
+            or len(message.payload) > max_payload
+        ):
+            return False
+    return True
 
 
 def last_confirmed_ext(last_confirmed: MessageId) -> bytes:

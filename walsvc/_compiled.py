@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = (
+    "are_plain",
     "decode_columns_into",
     "encode_plain_batch",
     "encode_plain_one",
@@ -19,18 +20,24 @@ gather_payloads: Callable[[bytes | memoryview, list[int], list[int]], tuple[byte
 encode_plain_batch: Callable[..., list[bytes] | None] | None
 encode_plain_one: Callable[..., bytes | None] | None
 numbered_strings: Callable[[bytes, int, int], tuple[bytes, bytes]] | None
+are_plain: Callable[[list[Any], int], bool] | None
 
 try:
     from . import _speedups
 except ImportError:
     decode_columns_into = gather_payloads = numbered_strings = None
-    encode_plain_batch = encode_plain_one = None
+    encode_plain_batch = encode_plain_one = are_plain = None
 else:
     decode_columns_into = _speedups.decode_columns_into
     gather_payloads = _speedups.gather_payloads
     encode_plain_batch = _speedups.encode_plain_batch
     encode_plain_one = _speedups.encode_plain_one
     numbered_strings = _speedups.numbered_strings
+    # The message encoders read walsvc.Message's fields from their slots once bound; if
+    # binding fails they read them by name, and are_plain cannot answer.
+    from ._message import Message
+
+    are_plain = _speedups.are_plain if _speedups.bind_message(Message) else None
 
 
 def available() -> dict[str, Any]:

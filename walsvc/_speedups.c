@@ -36,6 +36,20 @@
  * the same for one message with timetick `tick` (the WAL's single appends); a fast call
  * (no argument tuple), since it runs once per append.
  *
+ * bind_message(cls) -> bool
+ *
+ * finds the slot of each field of walsvc.Message (`cls`; msgspec stores a Struct's fields
+ * in member slots) so that the encoders and are_plain read a Message's fields straight
+ * from its slots instead of looking them up by name. False, and nothing changes, if a
+ * field is not a plain object slot: the encoders then go on reading by name.
+ *
+ * are_plain(messages, max_payload) -> bool
+ *
+ * True if every item of the list `messages` is a walsvc.Message itself (not a subclass)
+ * with no properties, key or txn and a payload of at most `max_payload` bytes: a batch
+ * encode_plain_batch can take. False for any other batch, and always before
+ * bind_message succeeded.
+ *
  * numbered_strings(prefix, first, count) -> (offsets, values)
  *
  * the strings prefix + str(first + i) for i in range(count) as the two buffers of an
@@ -47,6 +61,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
@@ -301,6 +316,78 @@ done:
 
 static PyObject *attr_type, *attr_vchannel, *attr_payload;
 
+/* walsvc.Message's field slots, once bind_message found them. */
+enum { F_PAYLOAD, F_VCHANNEL, F_TYPE, F_PROPERTIES, F_KEY, F_TXN, F_COUNT };
+static const char *const field_names[F_COUNT] = {
+    "payload", "vchannel", "type", "properties", "idempotency_key", "txn",
+};
+static PyTypeObject *bound_type; /* walsvc.Message (a strong reference), or NULL */
+static Py_ssize_t field_offsets[F_COUNT];
+
+/* Field `f` of `message`, an instance of exactly bound_type: a borrowed reference, never
+ * NULL (a frozen Struct sets every field when it is built). */
+static PyObject *
+slot_of(PyObject *message, int f)
+{
+    return *(PyObject **)((char *)message + field_offsets[f]);
+}
+
+static PyObject *
+bind_message(PyObject *Py_UNUSED(module), PyObject *cls)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "bind_message takes the walsvc.Message class");
+        return NULL;
+    }
+    Py_ssize_t offsets[F_COUNT];
+    for (int f = 0; f < F_COUNT; f++) {
+        PyObject *descr = PyObject_GetAttrString(cls, field_names[f]);
+        if (descr == NULL) {
+            return NULL;
+        }
+        int usable = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                     ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (usable) {
+            offsets[f] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        }
+        Py_DECREF(descr);
+        if (!usable) {
+            Py_RETURN_FALSE;
+        }
+    }
+    memcpy(field_offsets, offsets, sizeof offsets);
+    Py_XSETREF(bound_type, (PyTypeObject *)Py_NewRef(cls));
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+are_plain(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *messages;
+    Py_ssize_t max_payload;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &messages, &max_payload)) {
+        return NULL;
+    }
+    if (bound_type == NULL) {
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *message = PyList_GET_ITEM(messages, i);
+        if (Py_TYPE(message) != bound_type) {
+            Py_RETURN_FALSE;
+        }
+        PyObject *payload = slot_of(message, F_PAYLOAD);
+        PyObject *properties = slot_of(message, F_PROPERTIES);
+        if (!PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) > max_payload ||
+            !PyDict_CheckExact(properties) || PyDict_GET_SIZE(properties) != 0 ||
+            slot_of(message, F_KEY) != Py_None || slot_of(message, F_TXN) != Py_None) {
+            Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
 static void
 write16(unsigned char *p, uint16_t v)
 {
@@ -330,11 +417,18 @@ encode_one(PyObject *message, uint64_t tick, uint64_t term, PyObject *ext, Py_ss
 {
     PyObject *type_obj = NULL, *vchannel = NULL, *payload = NULL, *entry = NULL;
     PyObject *record = NULL;
-    type_obj = PyObject_GetAttr(message, attr_type);
-    vchannel = type_obj ? PyObject_GetAttr(message, attr_vchannel) : NULL;
-    payload = vchannel ? PyObject_GetAttr(message, attr_payload) : NULL;
-    if (payload == NULL) {
-        goto done;
+    if (Py_TYPE(message) == bound_type) {
+        type_obj = Py_NewRef(slot_of(message, F_TYPE));
+        vchannel = Py_NewRef(slot_of(message, F_VCHANNEL));
+        payload = Py_NewRef(slot_of(message, F_PAYLOAD));
+    }
+    else {
+        type_obj = PyObject_GetAttr(message, attr_type);
+        vchannel = type_obj ? PyObject_GetAttr(message, attr_vchannel) : NULL;
+        payload = vchannel ? PyObject_GetAttr(message, attr_payload) : NULL;
+        if (payload == NULL) {
+            goto done;
+        }
     }
     long type_no = PyLong_AsLong(type_obj);
     if (type_no == -1 && PyErr_Occurred()) {
@@ -511,6 +605,10 @@ static PyMethodDef methods[] = {
      "The envelopes of a batch of plain messages, see the module comment."},
     {"encode_plain_one", (PyCFunction)(void (*)(void))encode_plain_one, METH_FASTCALL,
      "The envelope of one plain message, see the module comment."},
+    {"bind_message", bind_message, METH_O,
+     "Read walsvc.Message's fields from their slots, see the module comment."},
+    {"are_plain", are_plain, METH_VARARGS,
+     "Whether encode_plain_batch can take a batch, see the module comment."},
     {"numbered_strings", numbered_strings, METH_VARARGS,
      "prefix + str(first + i) as an Arrow string column's buffers, see the module comment."},
     {"gather_payloads", gather_payloads, METH_VARARGS,

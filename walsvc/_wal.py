@@ -37,6 +37,7 @@ from ._chain import (
 from ._coalesce import AppendCoalescer
 from ._codec import (
     HEADER_SIZE,
+    are_plain,
     encode,
     encode_plain,
     encode_plain_many,
@@ -405,19 +406,15 @@ class WAL:
         and one call of the (compiled) batch encoder when no message has properties, a
         key or a txn; else message by message."""
         allocate_many = getattr(self._allocator, "allocate_many", None)
-        bare = allocate_many is not None
-        max_payload = self._max_payload
-        for message in messages:  # one pass: are all bare, is a payload too large?
-            if message.properties or message.idempotency_key is not None or message.txn:
-                bare = False
-                break
-            if len(message.payload) > max_payload:
-                self._encode(message)  # raises MessageTooLarge, saying so
-        if not bare:
-            encoded = [self._encode(m) for m in messages]
+        batch = messages if type(messages) is list else list(messages)
+        if allocate_many is None or not are_plain(batch, self._max_payload):
+            max_payload = self._max_payload
+            for message in batch:  # a payload too large fails the batch before any tick
+                if len(message.payload) > max_payload:
+                    self._encode(message)  # raises MessageTooLarge, saying so
+            encoded = [self._encode(m) for m in batch]
             return [e[0] for e in encoded], [e[1] for e in encoded], [e[2] for e in encoded]
-        assert allocate_many is not None
-        count = len(messages)
+        count = len(batch)
         first: int = allocate_many(count)
         # The choice of last-confirmed id and ext is _encode's, once per batch here
         # (_encode keeps it inline: it runs once per single append).
@@ -431,7 +428,6 @@ class WAL:
         if last_confirmed is not self._ext_id:
             self._ext_id = last_confirmed
             self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
-        batch = messages if type(messages) is list else list(messages)
         limit = self._max_message_size
         records = encode_plain_many(batch, first, self._term, self._ext, limit)
         if records is None:
@@ -473,10 +469,11 @@ class WAL:
             raise
         self._last_acked = ids[-1]
         self._last_acked_tick = ticks[-1]
-        results = [
-            AppendResult(i, tick, last_confirmed)
-            for i, tick, last_confirmed in zip(ids, ticks, confirmed, strict=True)
-        ]
+        if len(ids) != count:
+            raise self._outcome_unknown(
+                RuntimeError(f"the backend acknowledged {len(ids)} of {count} records")
+            )
+        results = list(map(AppendResult, ids, ticks, confirmed))
         if slot >= 0:
             assert cache is not None
             cache.put(

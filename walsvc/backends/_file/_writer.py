@@ -188,7 +188,7 @@ class GroupCommitWriter:
                     future.set_result(
                         [FileMessageId(seq)]
                         if n == 1
-                        else [FileMessageId(s) for s in range(seq, seq + n)]
+                        else list(map(FileMessageId, range(seq, seq + n)))
                     )
                 seq += n
             self._directory.signal.wake()
