@@ -194,11 +194,14 @@ def test_walk_packages_agrees_with_the_source_tree() -> None:
 @pytest.mark.parametrize("name", sorted(COMPILED))
 def test_a_compiled_module_has_a_typed_stub(name: str) -> None:
     """mypy and readers see a C module through its ``.pyi`` stub, which names every
-    function the module defines."""
+    function, class and constant the module defines."""
     stub = COMPILED[name].with_suffix(".pyi")
     assert stub.exists(), f"{name} has no stub {stub.name}"
-    stubbed = {
-        n.name for n in _parse(stub.read_text(), str(stub)).body if isinstance(n, ast.FunctionDef)
-    }
+    stubbed = set()
+    for node in _parse(stub.read_text(), str(stub)).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            stubbed.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            stubbed.add(node.target.id)
     defined = {f for f in dir(importlib.import_module(name)) if not f.startswith("_")}
     assert defined == stubbed

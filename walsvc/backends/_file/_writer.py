@@ -13,6 +13,12 @@ so only the newest segment ever ends in zeros.
 Under the writers' lock, before each batch, the writer re-reads the head file's term: if
 a newer writer opened the pchannel, nothing more is written and every append raises
 ``WALFenced`` from then on.
+
+A batch that needs no new segment and no runway goes to a ``_ccommit.Committer``: the
+same steps on a thread that never takes the GIL, which signals an eventfd the event loop
+watches (see ``_ccommit.c`` for why). The others, and every batch when walsvc was built
+without a C compiler, go to a Python worker thread (``_write``). Either way one batch is
+in flight at a time, and a truncation waits its turn between batches.
 """
 
 from __future__ import annotations
@@ -21,16 +27,30 @@ import asyncio
 import itertools
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 from ..._codec import timetick_of
-from ..._errors import AppendOutcomeUnknown, InvalidArgument, WALClosed, WALError, WALFenced
+from ..._errors import (
+    AppendOutcomeUnknown,
+    CorruptRecord,
+    InvalidArgument,
+    WALClosed,
+    WALError,
+    WALFenced,
+)
 from ._directory import LogDirectory, fsync_directory
 from ._format import encode_frames
 from ._head import HeadState
 from ._ids import FileMessageId
 from ._recovery import Tail
+
+try:
+    from . import _ccommit
+except ImportError:  # built without a C compiler: every batch takes the worker thread
+    _ccommit = None  # type: ignore[assignment]
+if not hasattr(os, "eventfd"):  # not Linux: the loop cannot watch the thread's signal
+    _ccommit = None  # type: ignore[assignment]
 
 __all__ = ("RUNWAY", "GroupCommitWriter")
 
@@ -49,21 +69,26 @@ class GroupCommitWriter:
     __slots__ = (
         "_calls",
         "_closed",
+        "_committer",
+        "_committing",
         "_directory",
-        "_drained",
         "_executor",
         "_failure",
         "_fd",
+        "_held",
+        "_idle",
         "_in_flight",
         "_kicked",
         "_loop",
         "_next_seq",
+        "_notify_fd",
         "_offset",
         "_records",
         "_segment",
         "_segment_size",
         "_sync",
         "_term",
+        "_use_committer",
         "_zeroed_to",
     )
 
@@ -82,12 +107,20 @@ class GroupCommitWriter:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="walsvc-file-writer")
         self._records: list[bytes] = []
         self._calls: list[_Call] = []
-        self._in_flight = False  # a batch is in the worker thread
+        self._in_flight = False  # a batch (or a truncation) is in a thread
         self._kicked = False  # a _kick is scheduled on the loop
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first append
-        self._drained: asyncio.Future[None] | None = None  # aclose waits on it
+        self._idle: asyncio.Future[None] | None = None  # set when no batch is in flight
+        self._held = 0  # truncations waiting for their turn: start no batch meanwhile
         self._failure: WALError | None = None
         self._closed = False
+        # The GIL-free commit thread, started with the first batch it can take (if it
+        # cannot start, every batch takes the worker thread).
+        self._use_committer = _ccommit is not None
+        self._committer: _ccommit.Committer | None = None
+        self._notify_fd = -1
+        # The batch the committer has: (calls, first seq, count, offset, segment, size).
+        self._committing: tuple[list[_Call], int, int, int, int, int] | None = None
 
     @property
     def next_seq(self) -> int:
@@ -111,21 +144,20 @@ class GroupCommitWriter:
             loop.call_soon(self._kick)
         return future
 
-    # A batch goes to the worker thread as soon as the thread is free: from _kick (the
-    # first append after an idle spell; call_soon puts it behind the callbacks already
-    # ready, so producers woken together land in one batch) or from _finish (appends
-    # queued while the last batch was on the disk). Callbacks, not a flusher task: one
-    # loop iteration less per batch. Splitting producers into two groups that alternate
-    # between the CPU and the disk was tried and is slower: the worker thread needs the
-    # GIL to start and after each syscall, so it only runs while the loop is idle.
+    # A batch goes to a thread as soon as none is in flight: from _kick (the first append
+    # after an idle spell; call_soon puts it behind the callbacks already ready, so
+    # producers woken together land in one batch) or from _finish (appends queued while
+    # the last batch was on the disk). Callbacks, not a flusher task: one loop iteration
+    # less per batch.
 
     def _kick(self) -> None:
         self._kicked = False
-        if not self._in_flight and self._records:
+        if not (self._in_flight or self._held) and self._records:
             self._start()
 
     def _start(self) -> None:
-        """Hand everything queued to the worker thread as one batch."""
+        """Hand everything queued to the commit thread (or the worker thread) as one
+        batch."""
         records, calls = self._records, self._calls
         self._records, self._calls = [], []
         if self._failure is not None:
@@ -136,6 +168,14 @@ class GroupCommitWriter:
         try:
             data = encode_frames(first, records)
             last_timetick = timetick_of(records[-1])
+            committer = self._committer_for(len(data))
+            if committer is not None:
+                committer.commit(
+                    self._fd, data, offset, self._sync, first + len(records), last_timetick
+                )
+                self._committing = (calls, first, len(records), offset, segment, len(data))
+                self._in_flight = True
+                return
             written = self._executor.submit(self._write, data, first, len(records), last_timetick)
         except BaseException as exc:  # a bug: never leave callers waiting
             self._failure = AppendOutcomeUnknown(f"the writer stopped: {exc!r}")
@@ -146,22 +186,84 @@ class GroupCommitWriter:
         assert loop is not None
         written.add_done_callback(
             lambda done: loop.call_soon_threadsafe(
-                self._finish, done, calls, first, len(records), offset, segment
+                self._finish, done.exception(), calls, first, len(records), offset, segment
             )
+        )
+
+    def _committer_for(self, size: int) -> _ccommit.Committer | None:
+        """The commit thread, if it can take the next batch (``size`` bytes), else None:
+        the worker thread takes it."""
+        if not (self._use_committer and self._committable(size)):
+            return None
+        return self._committer or self._start_committer()
+
+    def _committable(self, size: int) -> bool:
+        """True if a batch of ``size`` bytes needs no new segment and, with ``sync``,
+        fits in the runway: the commit thread does neither."""
+        return self._offset < self._segment_size and (
+            not self._sync or self._offset + size <= self._zeroed_to
+        )
+
+    def _start_committer(self) -> _ccommit.Committer | None:
+        """Start the commit thread and watch its eventfd; None (and the worker thread
+        from then on) if the system refuses a descriptor or a thread."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            notify_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except OSError:
+            self._use_committer = False
+            return None
+        try:
+            committer = _ccommit.Committer(self._directory.head.fd, self._term, notify_fd)
+            loop.add_reader(notify_fd, self._committed)
+        except OSError:
+            os.close(notify_fd)
+            self._use_committer = False
+            return None
+        self._committer, self._notify_fd = committer, notify_fd
+        return committer
+
+    def _committed(self) -> None:
+        """On the loop, when the commit thread signalled its eventfd."""
+        try:
+            os.eventfd_read(self._notify_fd)
+        except BlockingIOError:  # a spurious wake-up
+            return
+        committer, batch = self._committer, self._committing
+        assert committer is not None
+        assert batch is not None
+        self._committing = None
+        calls, first, count, offset, segment, size = batch
+        status, value = committer.outcome()
+        error: BaseException | None = None
+        if status == _ccommit.OK:
+            self._offset = offset + size
+        elif status == _ccommit.FENCED:
+            error = self._fenced(value)
+        elif status == _ccommit.BAD_HEAD:
+            error = CorruptRecord(f"{self._directory.head.path}: head file fails its checks")
+        else:
+            error = OSError(value, os.strerror(value))
+        self._finish(error, calls, first, count, offset, segment)
+
+    def _fenced(self, term: int) -> WALFenced:
+        return WALFenced(
+            f"file WAL {self._directory.path}: term {self._term} was fenced by a"
+            f" writer with term {term}"
         )
 
     def _finish(
         self,
-        done: Future[None],
+        error: BaseException | None,
         calls: list[_Call],
         first: int,
         count: int,
         offset_before: int,
         segment_before: int,
     ) -> None:
-        """On the loop, once the worker thread is done with a batch."""
+        """On the loop, once the commit or worker thread is done with a batch."""
         self._in_flight = False
-        error = done.exception()
         if error is None:
             index = self._directory.index
             index.note(
@@ -177,7 +279,7 @@ class GroupCommitWriter:
             )
         else:
             self._failure = AppendOutcomeUnknown(f"the writer stopped: {error!r}")
-        if self._records:
+        if self._records and not self._held:
             self._start()  # queued during that batch: to the disk now
         if self._failure is not None:
             _fail(calls, self._failure)
@@ -192,9 +294,21 @@ class GroupCommitWriter:
                     )
                 seq += n
             self._directory.signal.wake()
-        drained = self._drained
-        if drained is not None and not self._in_flight and not drained.done():
-            drained.set_result(None)
+        if not self._in_flight:
+            self._signal_idle()
+
+    def _signal_idle(self) -> None:
+        idle = self._idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    async def _wait_idle(self) -> None:
+        """Return once no batch is in flight."""
+        while self._in_flight:
+            idle = self._idle
+            if idle is None or idle.done():
+                idle = self._idle = asyncio.get_running_loop().create_future()
+            await asyncio.shield(idle)
 
     def _write(self, data: bytes, first: int, count: int, last_timetick: int) -> None:
         """Worker thread: append one batch under the writers' lock."""
@@ -203,10 +317,7 @@ class GroupCommitWriter:
         try:
             state = head.read()
             if state.term != self._term:
-                raise WALFenced(
-                    f"file WAL {self._directory.path}: term {self._term} was fenced by a"
-                    f" writer with term {state.term}"
-                )
+                raise self._fenced(state.term)
             if self._offset >= self._segment_size:
                 self._roll(first)
             offset = self._offset
@@ -256,8 +367,23 @@ class GroupCommitWriter:
             raise type(self._failure)(str(self._failure))
         if seq >= self._next_seq:
             raise InvalidArgument(f"cannot truncate through record {seq}: not appended yet")
-        loop = asyncio.get_running_loop()
-        for segment in await loop.run_in_executor(self._executor, self._truncate, seq):
+        # Between batches: the worker thread and the commit thread both write the head
+        # file, and the writers' lock does not keep two threads of one process apart.
+        self._held += 1
+        try:
+            await self._wait_idle()
+            self._in_flight = True
+            try:
+                loop = asyncio.get_running_loop()
+                doomed = await loop.run_in_executor(self._executor, self._truncate, seq)
+            finally:
+                self._in_flight = False
+                self._signal_idle()
+        finally:
+            self._held -= 1
+            if not (self._held or self._in_flight) and self._records:
+                self._start()
+        for segment in doomed:
             self._directory.index.forget(segment)
 
     def _truncate(self, seq: int) -> list[int]:
@@ -283,13 +409,19 @@ class GroupCommitWriter:
     async def aclose(self) -> None:
         """Finish every queued append, then release the segment and the thread."""
         self._closed = True
-        while self._in_flight or self._records:
-            if not self._in_flight:
+        while self._in_flight or self._records or self._held:
+            if self._in_flight:
+                await self._wait_idle()
+            elif self._held:
+                await asyncio.sleep(0)  # a truncation is about to take its turn
+            else:
                 self._start()
-                continue
-            self._drained = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._drained)
         self._executor.shutdown(wait=True)
+        if self._committer is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(self._notify_fd)
+            self._committer.close()
+            os.close(self._notify_fd)
         os.close(self._fd)
 
 

@@ -1,0 +1,280 @@
+"""The file WAL's group-commit step: the commit thread that never takes the GIL
+(``_ccommit.Committer``) and the Python worker thread it falls back to (batches that need
+a new segment or runway, and builds without a C compiler). Each behaviour is checked on
+both paths: ``commit_path`` is "thread" (as built) or "worker" (the thread switched off)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import walsvc
+from walsvc import AppendOutcomeUnknown, CorruptRecord, Message, WALFenced
+from walsvc.backends._file import FileMessageId, _ccommit
+from walsvc.backends._file import _writer as writer_module
+from walsvc.backends._file._writer import GroupCommitWriter
+
+
+class Batches:
+    """Counts the batches each path took (the worker thread's ``_write`` calls; the
+    commit thread's ``commit`` calls)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.worker = 0
+        self.thread = 0
+        real_write = GroupCommitWriter._write
+        real_committer_for = GroupCommitWriter._committer_for
+
+        def counting_write(writer: GroupCommitWriter, *args: Any) -> None:
+            self.worker += 1
+            real_write(writer, *args)
+
+        def counting_committer_for(writer: GroupCommitWriter, size: int) -> Any:
+            committer = real_committer_for(writer, size)
+            self.thread += committer is not None
+            return committer
+
+        monkeypatch.setattr(GroupCommitWriter, "_write", counting_write)
+        monkeypatch.setattr(GroupCommitWriter, "_committer_for", counting_committer_for)
+
+
+@pytest.fixture(params=["thread", "worker"])
+def commit_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "worker":
+        monkeypatch.setattr(writer_module, "_ccommit", None)
+    else:
+        # make test builds the module: a missing one fails here, never skips.
+        assert writer_module._ccommit is not None, "walsvc/backends/_file/_ccommit.c not built"
+    return str(request.param)
+
+
+def message(i: int, size: int = 100) -> Message:
+    return Message(payload=i.to_bytes(4, "big") * (size // 4), vchannel=f"v{i % 3}")
+
+
+def open_bare(path: Path, **options: Any) -> Any:
+    return walsvc.open_wal(f"file://{path}", "p", interceptors=[], **options)
+
+
+async def payloads_in(path: Path) -> list[bytes]:
+    async with await open_bare(path, read_only=True) as wal:
+        last = await wal.latest_message_id()
+        out: list[bytes] = []
+        if last is None:
+            return out
+        async with asyncio.timeout(20), wal.read() as scanner:
+            async for got in scanner:
+                out.append(got.payload)
+                if got.message_id == last:
+                    break
+        return out
+
+
+async def test_batches_take_the_commit_thread_unless_they_need_a_segment_or_runway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, commit_path: str
+) -> None:
+    """With the thread, every batch but those that roll a segment or extend the runway
+    takes it; without it, every batch takes the worker. Either way all land in order."""
+    batches = Batches(monkeypatch)
+    sent = [message(i, 500) for i in range(600)]
+    async with await open_bare(tmp_path, segment_size=64 * 1024) as wal:
+        for i in range(0, len(sent), 10):
+            await asyncio.gather(*(wal.append(m) for m in sent[i : i + 10]))
+    segments = [name for name in os.listdir(tmp_path / "p") if name.endswith(".seg")]
+    assert len(segments) >= 4
+    if commit_path == "thread":
+        assert batches.thread > batches.worker >= len(segments)
+    else:
+        assert batches.thread == 0
+        assert batches.worker >= 30
+    assert await payloads_in(tmp_path) == [m.payload for m in sent]
+
+
+async def test_a_fenced_writer_writes_nothing_more(tmp_path: Path, commit_path: str) -> None:
+    async with await open_bare(tmp_path) as old:
+        for i in range(3):  # past the first batch, which extends the runway
+            await old.append(message(i))
+        async with await open_bare(tmp_path) as new:
+            for _ in range(2):  # fenced for good
+                with pytest.raises(WALFenced, match="fenced by a writer with term"):
+                    await old.append(message(99))
+            await new.append(message(3))
+    assert await payloads_in(tmp_path) == [message(i).payload for i in range(4)]
+
+
+async def test_a_head_file_damaged_under_a_writer_fails_its_appends(
+    tmp_path: Path, commit_path: str
+) -> None:
+    async with await open_bare(tmp_path) as wal:
+        for i in range(3):
+            await wal.append(message(i))
+        head = tmp_path / "p" / "head"
+        data = bytearray(head.read_bytes())
+        data[20] ^= 0xFF
+        head.write_bytes(bytes(data))
+        for _ in range(2):
+            with pytest.raises(CorruptRecord, match="head file"):
+                async with asyncio.timeout(5):
+                    await wal.append(message(9))
+
+
+async def test_a_failed_write_makes_the_outcome_unknown_and_stops_the_writer(
+    tmp_path: Path, commit_path: str
+) -> None:
+    """The segment's descriptor is swapped for a read-only one, so the next ``pwrite``
+    fails (EBADF): that batch's producers learn the outcome is unknown, and so does every
+    append after it."""
+    async with await open_bare(tmp_path) as wal:
+        for i in range(3):
+            await wal.append(message(i))
+        writer = wal.backend._writer  # type: ignore[attr-defined]
+        segment = next(p for p in (tmp_path / "p").iterdir() if p.suffix == ".seg")
+        writable, writer._fd = writer._fd, os.open(segment, os.O_RDONLY)
+        try:
+            outcomes = await asyncio.gather(
+                *(wal.append(message(i)) for i in range(5)), return_exceptions=True
+            )
+            assert all(isinstance(o, AppendOutcomeUnknown) for o in outcomes), outcomes
+            assert "Bad file descriptor" in str(outcomes[0])
+            with pytest.raises(AppendOutcomeUnknown):
+                await wal.append(message(7))
+        finally:
+            os.close(writable)
+
+
+async def test_a_truncation_takes_its_turn_between_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, commit_path: str
+) -> None:
+    """A truncation started while a batch is in flight waits for it: both write the head
+    file, and the writers' lock does not keep two threads of one process apart (a batch
+    that read the head before the truncation wrote it would write the old start back).
+    It neither loses its new start nor stops the appends around it."""
+    overlapping: list[bool] = []
+    real_truncate = GroupCommitWriter._truncate
+
+    def watched_truncate(writer: GroupCommitWriter, seq: int) -> list[int]:
+        overlapping.append(writer._committing is not None)  # a batch is in the thread
+        return real_truncate(writer, seq)
+
+    monkeypatch.setattr(GroupCommitWriter, "_truncate", watched_truncate)
+    async with await open_bare(tmp_path, segment_size=4096) as wal:
+        first = [await wal.append(message(i)) for i in range(60)]  # three segments
+        writer = wal.backend._writer  # type: ignore[attr-defined]
+        cut = first[40].message_id
+        # A batch small enough for the commit thread (it fits the segment's runway).
+        appends = [asyncio.ensure_future(wal.append(message(i))) for i in range(60, 68)]
+        for _ in range(10):
+            if writer._in_flight:
+                break
+            await asyncio.sleep(0)
+        assert writer._in_flight, "the truncation must start while a batch is in flight"
+        if commit_path == "thread":
+            assert writer._committing is not None, "the batch in flight is the thread's"
+        await wal.truncate(cut)
+        assert overlapping == [False]
+        later = await asyncio.gather(*appends)
+        head = wal.backend.directory.head.read()  # type: ignore[attr-defined]
+    assert isinstance(cut, FileMessageId)
+    assert head.first_seq == cut.seq + 1
+    got = await payloads_in(tmp_path)
+    assert len(got) < 68  # whole segments before the cut went
+    assert got[-8:] == [message(i).payload for i in range(60, 68)]
+    assert [r.message_id for r in later] == sorted(r.message_id for r in later)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+async def test_closing_releases_the_thread_and_the_eventfd(
+    tmp_path: Path, commit_path: str
+) -> None:
+    async def a_round(path: Path) -> None:
+        async with await open_bare(path) as wal:
+            await asyncio.gather(*(wal.append(message(i)) for i in range(50)))
+            await asyncio.gather(*(wal.append(message(i)) for i in range(50)))
+
+    await a_round(tmp_path / "warm-up")  # the loop's default executor starts its thread
+    fds, threads = _open_fds(), _threads()
+    for round_ in range(3):
+        await a_round(tmp_path / str(round_))
+    assert _open_fds() == fds
+    assert _threads() == threads
+
+
+# ---------------------------------------------------------------------------------------
+# The Committer itself
+
+
+@pytest.fixture
+def committer(tmp_path: Path) -> Iterator[tuple[_ccommit.Committer, int, int]]:
+    """A committer on a fresh head file (term 7) and segment, with its eventfd."""
+    head_fd = os.open(tmp_path / "head", os.O_RDWR | os.O_CREAT, 0o644)
+    body = b"WALH" + (1).to_bytes(2, "little") + bytes(2) + (7).to_bytes(8, "little") + bytes(24)
+    os.pwrite(head_fd, body + crc32c.crc32c(body).to_bytes(4, "little"), 0)
+    data_fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT, 0o644)
+    notify_fd = os.eventfd(0)
+    committer = _ccommit.Committer(head_fd, 7, notify_fd)
+    try:
+        yield committer, data_fd, notify_fd
+    finally:
+        committer.close()
+        for fd in (head_fd, data_fd, notify_fd):
+            os.close(fd)
+
+
+def test_a_committer_takes_one_batch_at_a_time(
+    committer: tuple[_ccommit.Committer, int, int],
+) -> None:
+    thread, data_fd, notify_fd = committer
+    with pytest.raises(ValueError, match="no batch has finished"):
+        thread.outcome()
+    thread.commit(data_fd, b"abc", 0, True, 1, 5)
+    with pytest.raises(ValueError, match="in flight"):
+        thread.commit(data_fd, b"def", 3, True, 2, 6)
+    assert os.eventfd_read(notify_fd) == 1
+    assert thread.outcome() == (_ccommit.OK, 0)
+    assert thread.syncs == 1
+    assert os.pread(data_fd, 10, 0) == b"abc"
+    thread.close()
+    with pytest.raises(ValueError, match="closed"):
+        thread.commit(data_fd, b"def", 3, True, 2, 6)
+    with pytest.raises(ValueError, match="closed"):
+        thread.outcome()
+
+
+@given(st.binary(max_size=300))
+def test_the_committers_crc_is_crc32c(data: bytes) -> None:
+    assert _ccommit.crc32c(data) == crc32c.crc32c(data)
+
+
+async def test_a_commit_thread_that_cannot_start_leaves_the_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors for the eventfd: every batch takes the worker thread, and the
+    appends succeed."""
+
+    def no_eventfd(*args: Any) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "eventfd", no_eventfd)
+    batches = Batches(monkeypatch)
+    async with await open_bare(tmp_path) as wal:
+        for i in range(5):
+            await asyncio.gather(*(wal.append(message(10 * i + k)) for k in range(10)))
+        assert wal.backend._writer._committer is None  # type: ignore[attr-defined]
+    assert batches.thread == 0
+    assert batches.worker == 5
+    assert await payloads_in(tmp_path) == [message(i).payload for i in range(50)]
