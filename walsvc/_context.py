@@ -1,8 +1,8 @@
 """The WAL as its interceptors see it: ``InterceptorContext`` over one ``WAL``.
 
-A friend of ``walsvc._wal.WAL``: it reads and updates the writer's state (ticks, the
-last-confirmed pins, tick listeners, the tail cache) that the WAL keeps private from
-everybody else.
+A friend of ``walsvc._wal.WAL``: it reads and updates the writer's state (ticks and the
+last-confirmed pins of its ``SerializationPoint``, tick listeners, the tail cache) that
+the WAL keeps private from everybody else.
 """
 
 from __future__ import annotations
@@ -48,23 +48,22 @@ class WALContext(InterceptorContext):
         return self._wal._closed
 
     def last_tick(self) -> int:
-        return self._wal._last_tick
+        return self._wal._point.last_tick
 
     def data_tick(self) -> int:
-        return self._wal._data_tick
+        return self._wal._point.data_tick
 
     def last_confirmed_id(self) -> MessageId | None:
-        wal = self._wal
-        pins = wal._pins
-        return next(iter(pins.values())) if pins else wal._last_acked
+        return self._wal._point.last_confirmed_id()
 
     def pin_last_confirmed(self) -> object:
         token = object()
-        self._wal._pins[token] = self.last_confirmed_id()
+        point = self._wal._point
+        point.pins[token] = point.last_confirmed_id()
         return token
 
     def unpin(self, token: object) -> None:
-        self._wal._pins.pop(token, None)
+        self._wal._point.pins.pop(token, None)
 
     async def append_system(self, message: Message) -> AppendResult:
         # Allowed while the WAL closes: interceptors finish their writes (rollbacks) in
@@ -72,13 +71,14 @@ class WALContext(InterceptorContext):
         wal = self._wal
         if wal._backend.read_only:
             raise WALReadOnly(f"WAL {wal.pchannel!r} was opened read-only")
-        return await wal._serialize(message)
+        return await wal._point.serialize(message)
 
     def publish_idle_tick(self) -> int:
         wal = self._wal
+        point = wal._point
         tick = wal._allocator.allocate()
-        wal._last_tick = tick
-        last_acked = wal._last_acked
+        point.last_tick = tick
+        last_acked = point.last_acked
         if wal._cache is not None and last_acked is not None:
             wal._cache.publish_idle_tick(
                 ImmutableMessage(
@@ -91,10 +91,10 @@ class WALContext(InterceptorContext):
                     self.last_confirmed_id(),
                     None,
                     None,
-                    wal._term,
+                    wal.term,
                     False,
                     (),
-                    wal._last_acked_tick,
+                    point.last_acked_tick,
                 )
             )
         self.notify_tick(tick)

@@ -3,18 +3,15 @@
 The path of an append: ``append`` checks the WAL is writable and the message is a user
 message, waits (once) for the interceptors to be ready, then runs the interceptor chain
 (concurrent plain appends together, as one batch: see ``walsvc._coalesce``).
-The chain ends at the serialization point (``_serialize``), which in one synchronous step
-allocates the timetick, takes the last-confirmed id, encodes the envelope and hands it to
-the backend, whose ``append`` call orders the log. Log order therefore equals timetick
-order (the invariant is enforced here, by doing those things with no ``await`` between
-them).
+The chain ends at the serialization point (``walsvc._serialization``), which in one
+synchronous step allocates the timetick, takes the last-confirmed id, encodes the
+envelope and hands it to the backend, whose ``append`` call orders the log: log order
+equals timetick order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import types
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -35,39 +32,26 @@ from ._chain import (
     plain_admitters,
 )
 from ._coalesce import AppendCoalescer
-from ._codec import (
-    HEADER_SIZE,
-    are_plain,
-    encode,
-    encode_plain,
-    encode_plain_many,
-    encode_plain_message,
-    last_confirmed_ext,
-)
 from ._context import WALContext
 from ._deliver import DeliverPolicy
 from ._errors import (
-    AppendOutcomeUnknown,
     InvalidArgument,
     InvalidMessage,
-    MessageTooLarge,
     WALClosed,
-    WALError,
     WALReadOnly,
     WALTruncated,
 )
 from ._filter import Filter
 from ._ids import MessageId
 from ._message import (
-    NO_PROPERTIES,
     SYSTEM_TYPES,
     AppendResult,
-    ImmutableMessage,
     Message,
     MessageType,
     TxnContext,
 )
 from ._scanner import Scanner, Subscription
+from ._serialization import SerializationPoint
 from ._source import LogSource
 from ._timetick import TimetickAllocator
 from ._txn import Txn
@@ -89,9 +73,6 @@ DEFAULT_TAIL_CACHE_AGE: Final = 30.0
 #: Default bound on the transaction bodies one scanner holds until their commit.
 DEFAULT_TXN_BUFFER_BYTES: Final = 64 * 1024 * 1024
 _FROM_THE_START: Final = DeliverPolicy.all()
-#: Envelopes carry a last-confirmed id refreshed once this many ticks passed since the
-#: last refresh: at least every millisecond of the hybrid clock, and every 256 appends.
-_CONFIRM_STEP: Final = 255
 #: The last-confirmed pin held while a writer's interceptors recover (_hold_recovered_checkpoint).
 _RECOVERY: Final = object()
 
@@ -116,27 +97,16 @@ class WAL:
         "_chain",
         "_closed",
         "_coalescer",
-        "_confirmed",
-        "_confirmed_tick",
-        "_data_tick",
-        "_ext",
-        "_ext_id",
         "_immediate_acks",
-        "_last_acked",
-        "_last_acked_tick",
-        "_last_tick",
-        "_max_message_size",
-        "_max_payload",
         "_members",
         "_newest_at_open",
-        "_pins",
         "_plain_admitters",
         "_plain_batch_chain",
         "_plain_chain",
+        "_point",
         "_ready",
         "_ready_error",
         "_scanners",
-        "_term",
         "_tick_listeners",
         "_writable",
     )
@@ -153,20 +123,25 @@ class WAL:
     ) -> None:
         self._backend = backend
         self._allocator = allocator
-        self._max_message_size = max_message_size
-        self._max_payload = max_message_size - HEADER_SIZE
         self._closed = False
         self._writable = not backend.read_only
-        self._term = backend.term
         self._scanners: set[Scanner] = set()
+        self._cache = (
+            TailCache(max_bytes=tail_cache_bytes, max_age=tail_cache_age)
+            if self._writable
+            else None
+        )
+        point = self._point = SerializationPoint(
+            backend, allocator, max_message_size=max_message_size, cache=self._cache
+        )
         self._members = tuple(interceptors)
-        self._chain: AppendNext = build_chain(self._members, self._serialize)
-        self._batch_chain = build_batch_chain(self._members, self._serialize_batch)
+        self._chain: AppendNext = build_chain(self._members, point.serialize)
+        self._batch_chain = build_batch_chain(self._members, point.serialize_batch)
         # Plain messages (no idempotency key, no txn: most appends) skip the members that
         # declare they pass them through.
-        self._plain_chain = build_chain(self._members, self._serialize, plain=True)
+        self._plain_chain = build_chain(self._members, point.serialize, plain=True)
         self._plain_batch_chain = build_batch_chain(
-            self._members, self._serialize_batch, plain=True
+            self._members, point.serialize_batch, plain=True
         )
         # A plain message appended on its own skips the chain when every member of it
         # admits the message synchronously (see PlainAdmission): no coroutine per member.
@@ -180,23 +155,9 @@ class WAL:
             if self._plain_batch_chain is not None and not backend.immediate_acks
             else None
         )
-        self._last_acked: MessageId | None = None
-        self._last_acked_tick = -1  # the timetick of _last_acked
         #: The newest id in the log when this writer opened (the tail cache's first floor).
         self._newest_at_open: MessageId | None = None
-        self._confirmed: MessageId | None = None
-        self._confirmed_tick = 0
-        self._ext_id: MessageId | None = None  # the last-confirmed id _ext encodes
-        self._ext = b""
-        self._pins: dict[object, MessageId | None] = {}
-        self._last_tick = 0
-        self._data_tick = 0
         self._tick_listeners: list[TickListener] = []
-        self._cache = (
-            TailCache(max_bytes=tail_cache_bytes, max_age=tail_cache_age)
-            if self._writable
-            else None
-        )
         self._ready: asyncio.Task[None] | None = None
         self._ready_error: BaseException | None = None
 
@@ -211,7 +172,7 @@ class WAL:
         context = WALContext(self)
         for member in members:
             await member.ready(context)
-        self._pins.pop(_RECOVERY, None)
+        self._point.pins.pop(_RECOVERY, None)
 
     async def _hold_recovered_checkpoint(self) -> None:
         """Before the ready hooks run: until they finish, new messages (the opening
@@ -228,7 +189,7 @@ class WAL:
             return  # nothing retained: nothing left open
         finally:
             await scanner.aclose()
-        self._pins[_RECOVERY] = newest.last_confirmed_id
+        self._point.pins[_RECOVERY] = newest.last_confirmed_id
 
     async def wait_ready(self) -> None:
         """Wait until every interceptor's ``ready`` hook finished (the first append waits
@@ -298,219 +259,6 @@ class WAL:
         if message.txn is not None:
             raise InvalidMessage("transaction messages are appended through WAL.begin_txn")
 
-    # -- the serialization point ------------------------------------------------------
-
-    def _encode(self, message: Message) -> tuple[bytes, int, MessageId | None]:
-        payload = message.payload
-        if len(payload) > self._max_payload:
-            raise MessageTooLarge(
-                f"message payload of {len(payload)} bytes exceeds max_message_size"
-                f" {self._max_message_size}"
-            )
-        tick = self._allocator.allocate()
-        if self._pins:
-            last_confirmed = next(iter(self._pins.values()))
-        else:
-            # A slightly older last-confirmed id is as good a resume point (readers skip
-            # by timetick), and one shared by a run of appends is encoded once.
-            if tick - self._confirmed_tick > _CONFIRM_STEP or self._confirmed is None:
-                self._confirmed = self._last_acked
-                self._confirmed_tick = tick
-            last_confirmed = self._confirmed
-        if message.properties or message.idempotency_key is not None or message.txn:
-            record = encode(message, timetick=tick, term=self._term, last_confirmed=last_confirmed)
-        else:  # the common message: one call; the ext section is encoded once per id
-            if last_confirmed is not self._ext_id:
-                self._ext_id = last_confirmed
-                self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
-            plain = encode_plain_message(
-                message, tick, self._term, self._ext, self._max_message_size
-            )
-            if plain is not None:
-                self._last_tick = self._data_tick = tick
-                return plain, tick, last_confirmed
-            record = encode_plain(  # too large: the check below says by how much
-                message.type, message.vchannel, payload, tick, self._term, self._ext
-            )
-        if len(record) > self._max_message_size:
-            raise MessageTooLarge(
-                f"encoded message of {len(record)} bytes exceeds max_message_size"
-                f" {self._max_message_size}"
-            )
-        self._last_tick = self._data_tick = tick
-        return record, tick, last_confirmed
-
-    async def _serialize(self, message: Message) -> AppendResult:
-        """The innermost step of every chain: tick, last-confirmed id, envelope, backend,
-        and (once acknowledged) the tail cache."""
-        record, tick, last_confirmed = self._encode(message)
-        # Nothing may await between _encode (which allocates the tick) and the backend
-        # call (the serialization point): that keeps log order equal to tick order.
-        cache = self._cache
-        try:
-            acked = self._backend.append((record,))
-        except WALError:
-            raise
-        except Exception as exc:
-            raise self._outcome_unknown(exc) from exc
-        slot = cache.reserve(1) if cache is not None else -1
-        try:
-            ids = await acked
-        except BaseException as exc:
-            if cache is not None:
-                cache.lose(slot, 1)
-            if isinstance(exc, Exception) and not isinstance(exc, WALError):
-                raise self._outcome_unknown(exc) from exc
-            raise
-        return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
-
-    def _serialize_now(self, message: Message) -> AppendResult:
-        """``_serialize`` on a backend whose appends are durable when made
-        (``Backend.append_now``): the same steps, without an ``await``."""
-        record, tick, last_confirmed = self._encode(message)
-        try:
-            ids = self._backend.append_now((record,))
-        except WALError:
-            raise
-        except Exception as exc:
-            raise self._outcome_unknown(exc) from exc
-        cache = self._cache
-        slot = cache.reserve(1) if cache is not None else -1
-        return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
-
-    def _acknowledged(
-        self,
-        message: Message,
-        message_id: MessageId,
-        tick: int,
-        last_confirmed: MessageId | None,
-        slot: int,
-    ) -> AppendResult:
-        """Record that the backend acknowledged ``message`` as ``message_id``; fill its
-        tail-cache ``slot`` (-1: none reserved, the cache is off)."""
-        self._last_acked = message_id
-        self._last_acked_tick = tick
-        cache = self._cache
-        if slot >= 0:
-            assert cache is not None
-            cache.put(slot, (self._cached(message, message_id, tick, last_confirmed),))
-        elif cache is not None:
-            cache.acked(1)
-        return AppendResult(message_id, tick, last_confirmed)
-
-    def _encode_batch(
-        self, messages: Sequence[Message]
-    ) -> tuple[list[bytes], Sequence[int], Iterable[MessageId | None]]:
-        """``_encode`` for a batch: the records, their ticks and their last-confirmed ids.
-        Consecutive ticks from one allocator call, one last-confirmed id and ext section
-        and one call of the (compiled) batch encoder when no message has properties, a
-        key or a txn; else message by message."""
-        allocate_many = getattr(self._allocator, "allocate_many", None)
-        batch = messages if type(messages) is list else list(messages)
-        if allocate_many is None or not are_plain(batch, self._max_payload):
-            max_payload = self._max_payload
-            for message in batch:  # a payload too large fails the batch before any tick
-                if len(message.payload) > max_payload:
-                    self._encode(message)  # raises MessageTooLarge, saying so
-            encoded = [self._encode(m) for m in batch]
-            return [e[0] for e in encoded], [e[1] for e in encoded], [e[2] for e in encoded]
-        count = len(batch)
-        first: int = allocate_many(count)
-        # The choice of last-confirmed id and ext is _encode's, once per batch here
-        # (_encode keeps it inline: it runs once per single append).
-        if self._pins:
-            last_confirmed = next(iter(self._pins.values()))
-        else:
-            if first - self._confirmed_tick > _CONFIRM_STEP or self._confirmed is None:
-                self._confirmed = self._last_acked
-                self._confirmed_tick = first
-            last_confirmed = self._confirmed
-        if last_confirmed is not self._ext_id:
-            self._ext_id = last_confirmed
-            self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
-        limit = self._max_message_size
-        records = encode_plain_many(batch, first, self._term, self._ext, limit)
-        if records is None:
-            for tick, message in enumerate(batch, first):
-                size = len(
-                    encode_plain(
-                        message.type, message.vchannel, message.payload, tick, self._term, self._ext
-                    )
-                )
-                if size > limit:
-                    raise MessageTooLarge(
-                        f"encoded message of {size} bytes exceeds max_message_size {limit}"
-                    )
-        assert records is not None
-        self._last_tick = self._data_tick = first + count - 1
-        return records, range(first, first + count), itertools.repeat(last_confirmed, count)
-
-    async def _serialize_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
-        """``_serialize`` for a batch: contiguous in the log, one backend call."""
-        records, ticks, confirmed = self._encode_batch(messages)
-        if not records:
-            return []
-        count = len(records)
-        cache = self._cache
-        try:
-            acked = self._backend.append(records)
-        except WALError:
-            raise
-        except Exception as exc:
-            raise self._outcome_unknown(exc) from exc
-        slot = cache.reserve(count) if cache is not None else -1
-        try:
-            ids = await acked
-        except BaseException as exc:
-            if cache is not None:
-                cache.lose(slot, count)
-            if isinstance(exc, Exception) and not isinstance(exc, WALError):
-                raise self._outcome_unknown(exc) from exc
-            raise
-        self._last_acked = ids[-1]
-        self._last_acked_tick = ticks[-1]
-        if len(ids) != count:
-            raise self._outcome_unknown(
-                RuntimeError(f"the backend acknowledged {len(ids)} of {count} records")
-            )
-        results = list(map(AppendResult, ids, ticks, confirmed))
-        if slot >= 0:
-            assert cache is not None
-            cache.put(
-                slot,
-                [
-                    self._cached(m, r.message_id, r.timetick, r.last_confirmed_id)
-                    for m, r in zip(messages, results, strict=True)
-                ],
-            )
-        elif cache is not None:
-            cache.acked(count)
-        return results
-
-    def _cached(
-        self, message: Message, message_id: MessageId, tick: int, last_confirmed: MessageId | None
-    ) -> ImmutableMessage:
-        """The message as the log returns it, built from what the writer already has."""
-        properties = message.properties
-        return ImmutableMessage(
-            message_id,
-            tick,
-            message.vchannel,
-            message.type,
-            message.payload,
-            types.MappingProxyType(dict(properties)) if properties else NO_PROPERTIES,
-            last_confirmed,
-            message.txn,
-            message.idempotency_key,
-            self._term,
-        )
-
-    def _outcome_unknown(self, exc: Exception) -> AppendOutcomeUnknown:
-        return AppendOutcomeUnknown(
-            f"appending to {self.pchannel!r} failed after the record(s) were handed to the"
-            f" backend ({exc!r}); they may or may not be in the log"
-        )
-
     # -- appends ----------------------------------------------------------------------
 
     async def append(self, message: Message) -> AppendResult:
@@ -530,8 +278,8 @@ class WAL:
                 return await self._plain_chain(message)
             try:  # every member of the plain chain took it: straight to the log
                 if self._immediate_acks:
-                    return self._serialize_now(message)
-                return await self._serialize(message)
+                    return self._point.serialize_now(message)
+                return await self._point.serialize(message)
             finally:
                 for member in admitters:
                     member.release_plain(message)
@@ -657,7 +405,7 @@ class WAL:
             claimed = Subscription(store, subscription, float(checkpoint_interval))
         cache = self._cache if use_cache else None
         if cache is not None:
-            acked = self._last_acked
+            acked = self._point.last_acked
             cache.activate(self._newest_at_open if acked is None else acked)
 
         def open_source(deliver: DeliverPolicy, selected: Filter) -> LogSource:

@@ -39,6 +39,7 @@
  * reserved, term, durable end, first seq, last timetick) and the CRC-32C of those 40.
  */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE /* pthread_setname_np */
 #include <Python.h>
 #include <errno.h>
 #include <pthread.h>
@@ -223,6 +224,7 @@ run(void *arg)
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
+    pthread_setname_np(pthread_self(), "walsvc-commit"); /* in ps, top and /proc */
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->pending && !c->stopping) {
