@@ -22,7 +22,6 @@ from _segments import whole_frames
 import walsvc
 from walsvc import (
     AppendResult,
-    CorruptRecord,
     DeliverPolicy,
     ImmutableMessage,
     InvalidArgument,
@@ -727,22 +726,7 @@ async def test_appends_on_a_closed_wal_raise(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The head file under a running WAL
-
-
-async def test_a_head_file_damaged_under_a_writer_fails_appends(tmp_path: Path) -> None:
-    """If the head file goes bad while a writer runs, appends raise CorruptRecord (the
-    writer re-reads the head before every batch); they must not hang."""
-    async with await open_bare(_url(tmp_path), "p") as wal:
-        await wal.append(Message(payload=b"ok", vchannel="v"))
-        head = tmp_path / "p" / "head"
-        data = bytearray(head.read_bytes())
-        data[20] ^= 0xFF
-        head.write_bytes(bytes(data))
-        for _ in range(2):
-            with pytest.raises(CorruptRecord):
-                async with asyncio.timeout(5):
-                    await wal.append(Message(payload=b"after", vchannel="v"))
+# The head file under a running WAL (damaged under a writer: tests/test_file_commit.py)
 
 
 async def test_a_torn_head_read_is_not_corruption(
