@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -24,6 +25,7 @@ from _store_support import store_round_trip
 
 import walsvc
 from walsvc.backends._pulsar import PulsarMessageId
+from walsvc.backends._pulsar import _subscriptions as subscriptions_module
 from walsvc.backends._pulsar._subscriptions import PulsarSubscriptionStore
 
 # Fixtures imported from the helper module (pytest finds them by name here).
@@ -124,6 +126,59 @@ async def _raw_subscription_message(
             await producer.send(value, properties=properties, partition_key=key)
     finally:
         await client.close()
+
+
+class StuckReader:
+    """Fault injection: a subscription reader the broker stopped serving. It says more is
+    available but delivers nothing ("delivers nothing"), or never answers whether more is
+    available ("never answers")."""
+
+    def __init__(self, reader: Any, fault: str) -> None:
+        self._reader = reader
+        self._fault = fault
+
+    async def has_message_available(self) -> bool:
+        if self._fault == "never answers":
+            await asyncio.Event().wait()  # never set
+        return bool(await self._reader.has_message_available())
+
+    async def next_batch(self) -> Any:
+        if self._fault == "delivers nothing":
+            await asyncio.Event().wait()
+        return await self._reader.next_batch()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
+
+
+@pytest.mark.parametrize("fault", ["delivers nothing", "never answers"])
+async def test_a_subscription_read_replaces_a_stuck_reader(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """After ``STALL`` seconds without a message or an answer, the store's reader is
+    replaced by one that resumes after the last checkpoint read: the load succeeds
+    instead of failing at the operation timeout."""
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        for n in range(3):
+            await store_of(wal).save(f"s{n}", checkpoint(n, 10 * n))
+    real_create_reader = subscriptions_module.create_reader
+    created: list[Any] = []
+
+    async def create_reader(*args: Any, **kwargs: Any) -> Any:
+        reader = await real_create_reader(*args, **kwargs)
+        created.append(reader)
+        return StuckReader(reader, fault) if len(created) == 1 else reader
+
+    monkeypatch.setattr(subscriptions_module, "STALL", 0.2)
+    monkeypatch.setattr(subscriptions_module, "create_reader", create_reader)
+    async with await walsvc.open_wal(broker.url, pch, read_only=True) as wal:
+        store = store_of(wal)
+        async with asyncio.timeout(HANG):
+            assert await store.names() == ["s0", "s1", "s2"]
+            assert await store.load("s2") == checkpoint(2, 20)
+        assert store.stalls == 1
+    assert len(created) == 2
 
 
 async def test_damaged_checkpoint_is_corrupt(broker: PulsarLite) -> None:

@@ -11,7 +11,9 @@ topic up to its end as of the call. This topic is the only authority.
 Reading. The end is found as the backend's tail tracker finds it (a throwaway consumer's
 ``get_last_message_id``; Pulsar Lite answers ``UnknownError`` for a topic without
 entries, which means "empty"); the topic is then read with a reader opened with
-``is_read_compacted=True`` until ``has_message_available`` says no more. Apache Pulsar
+``is_read_compacted=True`` until ``has_message_available`` says no more (a reader that
+delivers nothing, or does not answer, for ``STALL`` seconds is replaced by one that
+resumes after the last message read, as the log's readers are). Apache Pulsar
 serves such a reader the compacted view once the topic is compacted (set a compaction
 threshold on the namespace: an empty message is what its compaction drops as a deleted
 key). Pulsar Lite accepts the flag and delivers every message (it does not compact), so
@@ -49,10 +51,12 @@ from ..._subscriptions import (
 )
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId
-from ._log import EARLIEST, close_quietly, create_reader, last_entry
+from ._log import EARLIEST, STALL, close_quietly, create_reader, last_entry
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
+
+    from ._reader import OrderedReader
 
 __all__ = ("DELETED", "PulsarSubscriptionStore", "subscriptions_topic")
 
@@ -81,6 +85,7 @@ class PulsarSubscriptionStore(SubscriptionStore):
         "_producer",
         "_scanned",
         "_timeout",
+        "stalls",
         "topic",
     )
 
@@ -99,6 +104,8 @@ class PulsarSubscriptionStore(SubscriptionStore):
         self._scanned: PulsarMessageId | None = None
         #: Per name, the newest message read: (its id, its data, or None if deleted).
         self._latest: dict[str, tuple[PulsarMessageId, bytes | None]] = {}
+        #: How many readers were replaced because they stopped delivering.
+        self.stalls = 0
 
     async def aclose(self) -> None:
         """Stop the store's producer; later calls raise ``WALClosed``. Idempotent."""
@@ -180,19 +187,32 @@ class PulsarSubscriptionStore(SubscriptionStore):
         end = await last_entry(self._client, self.topic, self._timeout)
         if end is None:
             return  # empty (Pulsar Lite cannot answer has_message_available on it)
-        scanned = self._scanned
-        if scanned is not None and scanned >= end:
-            return
-        start = EARLIEST if scanned is None else scanned
-        reader = await create_reader(
-            self._client, self.topic, start, inclusive=False, compacted=True
-        )
-        try:
-            while await reader.has_message_available():
-                for message_id, message in await reader.next_batch():
-                    self._note(message_id, message)
-        finally:
-            await close_quietly(reader, self._timeout)
+        while self._scanned is None or self._scanned < end:
+            start = EARLIEST if self._scanned is None else self._scanned
+            reader = await create_reader(
+                self._client, self.topic, start, inclusive=False, compacted=True
+            )
+            try:
+                if await self._read_to_the_end(reader):
+                    return
+            finally:
+                await close_quietly(reader, self._timeout)
+            self.stalls += 1  # a new reader resumes after the last message noted
+
+    async def _read_to_the_end(self, reader: OrderedReader) -> bool:
+        """Note what ``reader`` delivers until it says nothing more is available: True.
+        False if it delivers nothing, or does not answer, for ``STALL`` seconds (Pulsar
+        Lite was seen to stop serving a reader that still had entries to send)."""
+        while True:
+            try:
+                async with asyncio.timeout(STALL):
+                    if not await reader.has_message_available():
+                        return True
+                    batch = await reader.next_batch()
+            except TimeoutError:
+                return False
+            for message_id, message in batch:
+                self._note(message_id, message)
 
     def _note(self, message_id: PulsarMessageId, message: Any) -> None:
         """Take in one record (a message of the client's C reader) stored at
