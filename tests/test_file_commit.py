@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import walsvc
-from walsvc import AppendOutcomeUnknown, AppendResult, CorruptRecord, Message, WALFenced
+from walsvc import (
+    AppendOutcomeUnknown,
+    AppendResult,
+    CorruptRecord,
+    Message,
+    WALClosed,
+    WALFenced,
+)
 from walsvc.backends._file import FileMessageId, _ccommit
 from walsvc.backends._file import _writer as writer_module
 from walsvc.backends._file._writer import GroupCommitWriter
@@ -309,6 +318,56 @@ async def test_appends_truncations_and_close_interleave(
     assert got == expected
     if cut >= 0:
         assert head.first_seq == cut + 1
+
+
+def test_a_forked_child_is_refused_its_parents_writer_instead_of_hanging(
+    tmp_path: Path, commit_path: str
+) -> None:
+    """A child forked while a file WAL is open has neither the writer's thread nor its
+    event loop: its appends raise ``WALClosed`` at once, naming the cause, and closing
+    the writer there returns without waiting for a thread or touching the parent's loop.
+    The parent's WAL goes on working."""
+    loop = asyncio.new_event_loop()
+    try:
+
+        async def opened() -> walsvc.WAL:
+            wal = await open_bare(tmp_path)
+            for i in range(3):  # past the first batch: the commit thread runs
+                await wal.append(message(i))
+            return wal
+
+        wal = loop.run_until_complete(opened())
+        writer = wal.backend._writer  # type: ignore[attr-defined]
+        assert (writer._committer is not None) is (commit_path == "thread")
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit code, never return into pytest
+            code = 1
+            try:
+                try:
+                    writer.submit([b"x"])
+                except WALClosed as exc:
+                    if "forked child" in str(exc):
+                        asyncio.new_event_loop().run_until_complete(writer.aclose())
+                        code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+
+        async def still_works() -> None:
+            await asyncio.gather(*(wal.append(message(i)) for i in range(3, 20)))
+            await wal.aclose()
+
+        loop.run_until_complete(still_works())
+    finally:
+        loop.close()
+    assert asyncio.run(payloads_in(tmp_path)) == [message(i).payload for i in range(20)]
 
 
 # ---------------------------------------------------------------------------------------

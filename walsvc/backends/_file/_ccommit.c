@@ -31,7 +31,9 @@
  *
  * close()
  *
- * waits for the batch in flight, then stops and joins the thread.
+ * waits for the batch in flight, then stops and joins the thread. In a child forked
+ * after the thread started there is no thread: commit raises RuntimeError there, and
+ * close only marks the committer closed.
  *
  * syncs: the fdatasync calls the thread made.
  *
@@ -125,6 +127,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
+    pid_t pid; /* the process that started the thread: a forked child has no thread */
     int head_fd, notify_fd;
     uint64_t term;
     pthread_t thread;
@@ -264,6 +267,7 @@ Committer_init(Committer *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     self->term = term;
+    self->pid = getpid();
     pthread_mutex_init(&self->mu, NULL);
     pthread_cond_init(&self->cv, NULL);
     int err = pthread_create(&self->thread, NULL, run, self);
@@ -289,6 +293,11 @@ Committer_commit(Committer *self, PyObject *args)
     }
     if (!self->started || self->stopping) {
         PyErr_SetString(PyExc_ValueError, "the committer is closed");
+        return NULL;
+    }
+    if (getpid() != self->pid) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the committer's thread runs in the process that forked this one");
         return NULL;
     }
     if (offset < 0) {
@@ -324,6 +333,11 @@ Committer_outcome(Committer *self, PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_ValueError, "the committer is closed");
         return NULL;
     }
+    if (getpid() != self->pid) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the committer's thread runs in the process that forked this one");
+        return NULL;
+    }
     pthread_mutex_lock(&self->mu);
     if (!self->done) {
         pthread_mutex_unlock(&self->mu);
@@ -345,6 +359,11 @@ static void
 stop(Committer *self)
 {
     if (!self->started) {
+        return;
+    }
+    if (getpid() != self->pid) { /* a forked child: no thread to stop, locks as forked */
+        self->started = 0;
+        Py_CLEAR(self->data);
         return;
     }
     pthread_mutex_lock(&self->mu);

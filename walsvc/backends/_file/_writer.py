@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
@@ -54,6 +55,28 @@ if not hasattr(os, "eventfd"):  # not Linux: the loop cannot watch the thread's 
 
 __all__ = ("RUNWAY", "GroupCommitWriter")
 
+#: The writers alive in this process: a child forked from it must not use them.
+_writers: Final[weakref.WeakSet[GroupCommitWriter]] = weakref.WeakSet()
+
+
+def _refuse_inherited_writers() -> None:
+    """In a forked child: the writers' threads stayed in the parent, so every writer it
+    inherited fails its appends at once instead of waiting for a thread that is not
+    there."""
+    parent = os.getppid()
+    for writer in list(_writers):
+        writer._failure = WALClosed(
+            f"file WAL {writer._directory.path} was opened in process {parent}; a forked"
+            " child must open the WAL itself"
+        )
+        writer._closed = True
+        # Nothing is in flight here: a batch in flight at the fork is the parent's.
+        writer._in_flight, writer._held, writer._records, writer._calls = False, 0, [], []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_refuse_inherited_writers)
+
 #: One ``submit``: the caller's future and how many records it queued.
 _Call = tuple[asyncio.Future[list[FileMessageId]], int]
 
@@ -67,6 +90,7 @@ class GroupCommitWriter:
     """The single writer of one pchannel directory (for one term)."""
 
     __slots__ = (
+        "__weakref__",
         "_calls",
         "_closed",
         "_committer",
@@ -83,6 +107,7 @@ class GroupCommitWriter:
         "_next_seq",
         "_notify_fd",
         "_offset",
+        "_pid",
         "_records",
         "_segment",
         "_segment_size",
@@ -121,6 +146,8 @@ class GroupCommitWriter:
         self._notify_fd = -1
         # The batch the committer has: (calls, first seq, count, offset, segment, size).
         self._committing: tuple[list[_Call], int, int, int, int, int] | None = None
+        self._pid = os.getpid()
+        _writers.add(self)
 
     @property
     def next_seq(self) -> int:
@@ -409,6 +436,12 @@ class GroupCommitWriter:
     async def aclose(self) -> None:
         """Finish every queued append, then release the segment and the thread."""
         self._closed = True
+        if self._pid != os.getpid():  # a forked child: the loop and threads are the parent's
+            if self._committer is not None:
+                self._committer.close()  # marks it closed; the thread is not here
+                os.close(self._notify_fd)
+            os.close(self._fd)
+            return
         while self._in_flight or self._records or self._held:
             if self._in_flight:
                 await self._wait_idle()
