@@ -280,6 +280,23 @@ Committer_init(Committer *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
+/* 0 if the committer takes calls here; -1 with an exception set if it is closed, or if
+ * this process is a child forked after the thread started (the thread is not here). */
+static int
+check_usable(Committer *self)
+{
+    if (!self->started || self->stopping) {
+        PyErr_SetString(PyExc_ValueError, "the committer is closed");
+        return -1;
+    }
+    if (getpid() != self->pid) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the committer's thread runs in the process that forked this one");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 Committer_commit(Committer *self, PyObject *args)
 {
@@ -291,13 +308,7 @@ Committer_commit(Committer *self, PyObject *args)
                           &last_timetick)) {
         return NULL;
     }
-    if (!self->started || self->stopping) {
-        PyErr_SetString(PyExc_ValueError, "the committer is closed");
-        return NULL;
-    }
-    if (getpid() != self->pid) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "the committer's thread runs in the process that forked this one");
+    if (check_usable(self) < 0) {
         return NULL;
     }
     if (offset < 0) {
@@ -329,13 +340,7 @@ Committer_commit(Committer *self, PyObject *args)
 static PyObject *
 Committer_outcome(Committer *self, PyObject *Py_UNUSED(ignored))
 {
-    if (!self->started) {
-        PyErr_SetString(PyExc_ValueError, "the committer is closed");
-        return NULL;
-    }
-    if (getpid() != self->pid) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "the committer's thread runs in the process that forked this one");
+    if (check_usable(self) < 0) {
         return NULL;
     }
     pthread_mutex_lock(&self->mu);
