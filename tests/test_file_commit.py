@@ -162,6 +162,38 @@ async def test_a_failed_write_makes_the_outcome_unknown_and_stops_the_writer(
             os.close(writable)
 
 
+class FailingOutcome:
+    """Fault injection: the commit thread's outcome cannot be collected (a bug)."""
+
+    def __init__(self, committer: Any) -> None:
+        self._committer = committer
+
+    def outcome(self) -> Any:
+        self._committer.outcome()
+        raise RuntimeError("injected: the outcome is lost")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._committer, name)
+
+
+async def test_a_lost_commit_outcome_answers_the_batch_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    async with await open_bare(tmp_path) as wal:
+        for i in range(3):
+            await wal.append(message(i))
+        writer = wal.backend._writer  # type: ignore[attr-defined]
+        assert writer._committer is not None, "walsvc/backends/_file/_ccommit.c not built"
+        writer._committer = FailingOutcome(writer._committer)
+        async with asyncio.timeout(10):
+            outcomes = await asyncio.gather(
+                *(wal.append(message(i)) for i in range(5)), return_exceptions=True
+            )
+        assert all(isinstance(o, AppendOutcomeUnknown) for o in outcomes), outcomes
+        assert "the commit thread failed" in str(outcomes[0])
+        writer._committer = writer._committer._committer  # closed as usual
+
+
 async def test_a_truncation_takes_its_turn_between_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, commit_path: str
 ) -> None:

@@ -262,17 +262,26 @@ class GroupCommitWriter:
         assert batch is not None
         self._committing = None
         calls, first, count, offset, segment, size = batch
-        status, value = committer.outcome()
-        error: BaseException | None = None
-        if status == _ccommit.OK:
-            self._offset = offset + size
-        elif status == _ccommit.FENCED:
-            error = self._fenced(value)
-        elif status == _ccommit.BAD_HEAD:
-            error = CorruptRecord(f"{self._directory.head.path}: head file fails its checks")
+        error: BaseException | None
+        try:
+            status, value = committer.outcome()
+        except Exception as exc:  # a bug: answer the batch's callers, never leave them waiting
+            error = AppendOutcomeUnknown(f"the commit thread failed: {exc!r}")
         else:
-            error = OSError(value, os.strerror(value))
+            error = self._error_of(status, value)
+            if error is None:
+                self._offset = offset + size
         self._finish(error, calls, first, count, offset, segment)
+
+    def _error_of(self, status: int, value: int) -> BaseException | None:
+        """The error a commit thread's outcome means (None: the batch is written)."""
+        if status == _ccommit.OK:
+            return None
+        if status == _ccommit.FENCED:
+            return self._fenced(value)
+        if status == _ccommit.BAD_HEAD:
+            return CorruptRecord(f"{self._directory.head.path}: head file fails its checks")
+        return OSError(value, os.strerror(value))
 
     def _fenced(self, term: int) -> WALFenced:
         return WALFenced(
