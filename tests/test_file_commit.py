@@ -179,19 +179,23 @@ class FailingOutcome:
 async def test_a_lost_commit_outcome_answers_the_batch_instead_of_hanging(
     tmp_path: Path,
 ) -> None:
-    async with await open_bare(tmp_path) as wal:
+    wal = await open_bare(tmp_path)
+    try:
         for i in range(3):
             await wal.append(message(i))
         writer = wal.backend._writer  # type: ignore[attr-defined]
         assert writer._committer is not None, "walsvc/backends/_file/_ccommit.c not built"
-        writer._committer = FailingOutcome(writer._committer)
+        committer, writer._committer = writer._committer, FailingOutcome(writer._committer)
         async with asyncio.timeout(10):
             outcomes = await asyncio.gather(
                 *(wal.append(message(i)) for i in range(5)), return_exceptions=True
             )
         assert all(isinstance(o, AppendOutcomeUnknown) for o in outcomes), outcomes
         assert "the commit thread failed" in str(outcomes[0])
-        writer._committer = writer._committer._committer  # closed as usual
+        writer._committer = committer  # closed as usual
+    finally:
+        async with asyncio.timeout(10):  # a batch that never finished would hang the close
+            await wal.aclose()
 
 
 async def test_a_truncation_takes_its_turn_between_batches(
