@@ -243,11 +243,17 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _thread_name(task: Path) -> str:
+    try:
+        return (task / "comm").read_text().strip()
+    except FileNotFoundError:  # the thread ended after the listing
+        return ""
+
+
 def _writer_threads() -> int:
     """The commit threads (named in C) and worker threads of the file WALs alive."""
     commit = sum(
-        (task / "comm").read_text().strip() == "walsvc-commit"
-        for task in Path("/proc/self/task").iterdir()
+        _thread_name(task) == "walsvc-commit" for task in Path("/proc/self/task").iterdir()
     )
     workers = sum(t.name.startswith("walsvc-file-writer") for t in threading.enumerate())
     return commit + workers
