@@ -165,6 +165,18 @@ class Backend(ABC):
     async def aclose(self) -> None:
         """Finish queued appends, stop scanners and release resources. Idempotent."""
 
+    async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
+        """A deliver policy whose read includes every retained message with a timetick at
+        or above ``timetick`` (it may include older ones too: readers filter by tick).
+
+        Recovery on open (the dedup window, which covers the newest ``max_age`` of the
+        log) reads from here instead of from the start, so its cost follows the window,
+        not the retained log. Timeticks grow with log order, so a backend finds the place
+        by a search over its positions. The default, ``DeliverPolicy.all()``, is correct
+        and reads everything retained; a backend that can seek should.
+        """
+        return DeliverPolicy.all()
+
     def read_runs(self, deliver: DeliverPolicy) -> RunScanner | None:
         """Optional: a backend whose ids are sequence numbers and that stores envelopes
         end to end may return a ``RunScanner`` from ``deliver``, for readers that decode
