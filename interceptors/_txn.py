@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
-from typing import Final, final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar, final
 
 from walsvc import (
     AppendOutcomeUnknown,
@@ -42,6 +42,7 @@ from ._reading import read_through
 
 __all__ = ("Transactions",)
 
+_R = TypeVar("_R", AppendResult, list[AppendResult])
 _ENDED_MEMORY: Final = 65_536  # how many ended transactions still get a precise error
 
 
@@ -142,13 +143,19 @@ class Transactions:
             return await self._commit(session, message, call_next)
         if kind is MessageType.ROLLBACK_TXN:
             return await self._rollback(session, message, call_next)
-        return await self._body(session, message, call_next)
+        return await self._body(session, lambda: call_next(message))
 
     def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> Awaitable[list[AppendResult]]:
-        """Batches hold no transaction messages (``WAL.append_many`` refuses them)."""
-        return call_next(messages)
+        """A batch of one transaction's bodies (``Txn.append_many``) is checked and counted
+        as its bodies are one by one; any other batch holds no transaction message
+        (``WAL.append_many`` refuses them) and passes through."""
+        txn = messages[0].txn if messages else None
+        if txn is None:
+            return call_next(messages)
+        session = self._session(txn, messages[0].vchannel)
+        return self._body(session, lambda: call_next(messages))
 
     def _bound(self) -> InterceptorContext:
         assert self._context is not None, "appends wait for ready()"
@@ -190,14 +197,13 @@ class Transactions:
             self._listen()
         return result
 
-    async def _body(
-        self, session: _Session, message: Message, call_next: AppendNext
-    ) -> AppendResult:
+    async def _body(self, session: _Session, append: Callable[[], Awaitable[_R]]) -> _R:
+        """Append one body message or a batch of them (``append``) for ``session``."""
         if session.state is not _State.OPEN:
             raise TxnNotActive(f"transaction {session.context.txn_id} is {session.state.value}")
         session.in_flight += 1
         try:
-            result = await call_next(message)
+            result = await append()
         except BaseException as exc:
             if session.pin is not None:  # open or committing: the body has a hole now
                 self._abort_in_background(
@@ -212,7 +218,8 @@ class Transactions:
             session.in_flight -= 1
             if session.in_flight == 0 and session.drained is not None:
                 session.drained.set()
-        session.renew(result.timetick)
+        last = result[-1] if isinstance(result, list) else result
+        session.renew(last.timetick)
         return result
 
     async def _commit(

@@ -9,6 +9,7 @@ import _faulty
 import pytest
 from _chain_support import data, log_of
 
+import interceptors
 import walsvc
 from interceptors import Dedup, Redo
 from walsvc import (
@@ -93,17 +94,37 @@ async def test_appends_wait_for_ready_and_reads_do_not() -> None:
             assert (await anext(scanner)).message_id == result.message_id
 
 
-async def test_a_failed_ready_fails_every_append() -> None:
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (walsvc.CorruptRecord("cannot rebuild"), walsvc.CorruptRecord),
+        (RuntimeError("a bug in a hook"), walsvc.WALError),
+    ],
+)
+async def test_a_failed_ready_fails_every_later_call_with_a_wal_error(
+    url: str, raised: Exception, expected: type[walsvc.WALError]
+) -> None:
+    """Every append, batch, transaction and ``wait_ready`` raises the error that failed
+    the start, as a WALError, however often it is asked (before: a bare AssertionError
+    from the third call on)."""
+
     class Broken:
         async def ready(self, context: walsvc.InterceptorContext) -> None:
-            raise walsvc.CorruptRecord("cannot rebuild")
+            raise raised
 
     async with await walsvc.open_wal(
-        f"memory://{uuid.uuid4().hex}", "p", interceptors=[Broken()]
+        url, "p", interceptors=[Broken(), *interceptors.default_chain()]
     ) as wal:
-        for _ in range(2):
-            with pytest.raises(walsvc.CorruptRecord, match="cannot rebuild"):
+        for _ in range(3):
+            with pytest.raises(expected, match=str(raised)) as caught:
                 await wal.append(data(b"x"))
+            assert type(caught.value) is type(raised) or not isinstance(raised, walsvc.WALError)
+            with pytest.raises(expected, match=str(raised)):
+                await wal.append_many([data(b"x"), data(b"y", idempotency_key="k")])
+            with pytest.raises(expected, match=str(raised)):
+                await wal.begin_txn("v1")
+            with pytest.raises(expected, match=str(raised)):
+                await wal.wait_ready()
 
 
 async def test_user_messages_cannot_be_system_or_transaction_messages() -> None:
@@ -133,7 +154,7 @@ async def test_an_interceptor_serves_one_wal() -> None:
     async with await walsvc.open_wal(name, "a", interceptors=[dedup]) as wal:
         await wal.append(data(b"x"))
     async with await walsvc.open_wal(name, "b", interceptors=[dedup]) as wal:
-        with pytest.raises(RuntimeError, match="serves one WAL"):
+        with pytest.raises(walsvc.WALError, match="serves one WAL"):
             await wal.append(data(b"x"))
 
 

@@ -30,6 +30,7 @@ __all__ = (
     "PlainAdmission",
     "ReadyInterceptor",
     "TickListener",
+    "TxnKeyWindow",
     "build_batch_chain",
     "build_chain",
     "is_plain",
@@ -130,6 +131,18 @@ class ClosingInterceptor(Protocol):
         ...
 
 
+@runtime_checkable
+class TxnKeyWindow(Protocol):
+    """Optional: remembers the idempotency keys of committed transactions (``Dedup``).
+    ``WAL.begin_txn(..., idempotency_key=k)`` asks it first, and replays a transaction
+    whose key committed instead of running it again."""
+
+    async def committed_txn(self, vchannel: str, key: str) -> AppendResult | None:
+        """The CommitTxn result of the transaction with ``key`` on ``vchannel`` if one
+        committed (waiting for a commit of it in flight); else None."""
+        ...
+
+
 #: What a chain holds: objects implementing one or more of the Protocols above.
 ChainMember: TypeAlias = Interceptor | BatchInterceptor | ReadyInterceptor | ClosingInterceptor
 
@@ -212,6 +225,11 @@ class InterceptorContext(Protocol):
 
     async def last_durable_timetick(self) -> int:
         """The newest timetick in the log (the floor of this writer's ticks)."""
+        ...
+
+    async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
+        """Where a read must start to include every message with a tick >= ``timetick``
+        (``Backend.start_at_timetick``): recovery reads a window of the log from here."""
         ...
 
 

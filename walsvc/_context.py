@@ -128,3 +128,6 @@ class WALContext(InterceptorContext):
 
     async def last_durable_timetick(self) -> int:
         return await self._wal._backend.last_timetick()
+
+    async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
+        return await self._wal._backend.start_at_timetick(timetick)

@@ -26,6 +26,7 @@ from ._chain import (
     PlainAdmission,
     ReadyInterceptor,
     TickListener,
+    TxnKeyWindow,
     build_batch_chain,
     build_chain,
     is_plain,
@@ -35,9 +36,11 @@ from ._coalesce import AppendCoalescer
 from ._context import WALContext
 from ._deliver import DeliverPolicy
 from ._errors import (
+    CorruptRecord,
     InvalidArgument,
     InvalidMessage,
     WALClosed,
+    WALError,
     WALReadOnly,
     WALTruncated,
 )
@@ -46,6 +49,7 @@ from ._ids import MessageId
 from ._message import (
     SYSTEM_TYPES,
     AppendResult,
+    ImmutableMessage,
     Message,
     MessageType,
     TxnContext,
@@ -54,7 +58,7 @@ from ._scanner import Scanner, Subscription
 from ._serialization import SerializationPoint
 from ._source import LogSource
 from ._timetick import TimetickAllocator
-from ._txn import Txn
+from ._txn import Txn, TxnReplay
 from .backends import Backend
 
 __all__ = (
@@ -199,15 +203,19 @@ class WAL:
 
     async def _wait_ready(self) -> None:
         ready = self._ready
-        assert ready is not None
-        if not ready.done():
-            await asyncio.shield(ready)
-        self._ready = None
-        exc = ready.exception()
-        if exc is not None:
-            self._ready_error = exc
-        if self._ready_error is not None:
-            raise self._ready_error
+        if ready is not None:
+            if not ready.done():
+                await asyncio.wait((ready,))  # its outcome is raised below, once for all
+            self._ready = None
+            if ready.cancelled():  # only aclose cancels it
+                self._ready_error = WALClosed(f"WAL {self.pchannel!r} closed while starting")
+            else:
+                self._ready_error = ready.exception()
+        error = self._ready_error
+        if error is not None:
+            # A fresh error each time (one raised twice would pile up tracebacks), of the
+            # type that failed the start: fenced before the first TimeTick, damage, ...
+            raise _start_failed(self.pchannel, error) from error
 
     @property
     def pchannel(self) -> str:
@@ -316,12 +324,33 @@ class WAL:
 
     # -- transactions -----------------------------------------------------------------
 
-    async def begin_txn(self, vchannel: str, *, keepalive: float = 10.0) -> Txn:
+    async def _append_internal_batch(self, messages: list[Message]) -> list[AppendResult]:
+        """``_append_internal`` for a batch (transaction bodies): one pass down the batch
+        chain when every member handles batches, else one message at a time."""
+        self._check_writable()
+        if self._ready is not None or self._ready_error is not None:
+            await self._wait_ready()
+        if self._batch_chain is None:
+            return [await self._chain(message) for message in messages]
+        return await self._batch_chain(messages)
+
+    # -- transactions -----------------------------------------------------------------
+
+    async def begin_txn(
+        self, vchannel: str, *, keepalive: float = 10.0, idempotency_key: str | None = None
+    ) -> Txn:
         """Open a transaction on ``vchannel``: append its BeginTxn and return the handle.
 
         ``keepalive`` (seconds) is how long the transaction may go without a body append
         before the WAL rolls it back; it is measured in timeticks. Needs a transaction
         interceptor in the chain (the default chain has one).
+
+        ``idempotency_key`` makes the transaction exactly-once, as a key does a message:
+        its CommitTxn carries the key, and if a transaction with that key on ``vchannel``
+        committed (within the dedup window, across restarts too), this returns a replay
+        (``Txn.replayed``) that appends nothing and answers with that run's results. A
+        commit in flight with the key is waited for. Needs ``interceptors.Dedup`` in the
+        chain (the default chain has it).
         """
         self._check_writable()
         if not any(getattr(m, "manages_transactions", False) for m in self._members):
@@ -337,14 +366,82 @@ class WAL:
             raise InvalidArgument(f"keepalive must be in (0, 86400] seconds, not {keepalive!r}")
         context = TxnContext(self._allocator.allocate(), max(1, round(keepalive * 1000)))
         begin = Message(payload=b"", vchannel=vchannel, type=MessageType.BEGIN_TXN, txn=context)
+        if idempotency_key is not None:
+            # The same checks as a keyed message's, before anything is looked up.
+            Message(payload=b"", vchannel=vchannel, idempotency_key=idempotency_key)
+            window = next((m for m in self._members if isinstance(m, TxnKeyWindow)), None)
+            if window is None:
+                raise InvalidArgument(
+                    "this WAL's interceptor chain remembers no transaction keys"
+                    " (interceptors.Dedup)"
+                )
+            if self._ready is not None or self._ready_error is not None:
+                await self._wait_ready()
+            committed = await window.committed_txn(vchannel, idempotency_key)
+            if committed is not None:
+                return await self._replay_txn(vchannel, idempotency_key, committed)
         result = await self._append_internal(begin)
-        return Txn(self._append_internal, context, vchannel, result)
+        return Txn(
+            self._append_internal,
+            context,
+            vchannel,
+            result,
+            append_many=self._append_internal_batch,
+            idempotency_key=idempotency_key,
+        )
+
+    async def _replay_txn(self, vchannel: str, key: str, committed: AppendResult) -> Txn:
+        """The handle of a transaction that committed as ``committed``: its begin and body
+        results read back from the log (from the commit's last-confirmed id, which is at
+        or before its BeginTxn, to the commit)."""
+        commit_id = committed.message_id
+        commit = await self._message_at(commit_id)
+        if commit.txn is None:
+            raise CorruptRecord(f"{commit_id!r} holds no transaction's CommitTxn")
+        start = commit.last_confirmed_id
+        deliver = _FROM_THE_START if start is None else DeliverPolicy.start_from(start)
+        begin: AppendResult | None = None
+        bodies: list[AppendResult] = []
+        async with self.read(deliver, [Filter(vchannels=(vchannel,))], raw=True) as scanner:
+            async for message in scanner:
+                if message.txn == commit.txn and message.persisted:
+                    result = AppendResult(
+                        message.message_id, message.timetick, message.last_confirmed_id
+                    )
+                    if message.type is MessageType.BEGIN_TXN:
+                        begin = result
+                    elif not message.type.is_system:
+                        bodies.append(result)
+                if not message.message_id < commit_id:
+                    break
+        if begin is None:
+            raise WALTruncated(
+                f"transaction {commit.txn.txn_id} (idempotency key {key!r}) committed as"
+                f" {commit_id!r}, but its BeginTxn is no longer in the log to replay it from"
+            )
+        replay = TxnReplay(tuple(bodies), committed)
+        return Txn(
+            self._append_internal, commit.txn, vchannel, begin, idempotency_key=key, replay=replay
+        )
+
+    async def _message_at(self, message_id: MessageId) -> ImmutableMessage:
+        """The persisted message stored as ``message_id``."""
+        async with self.read(DeliverPolicy.start_from(message_id), raw=True) as scanner:
+            async for message in scanner:
+                if message.persisted:
+                    return message
+        raise WALClosed(f"WAL {self.pchannel!r} is closed")
 
     @asynccontextmanager
-    async def txn(self, vchannel: str, *, keepalive: float = 10.0) -> AsyncIterator[Txn]:
+    async def txn(
+        self, vchannel: str, *, keepalive: float = 10.0, idempotency_key: str | None = None
+    ) -> AsyncIterator[Txn]:
         """``async with wal.txn(vchannel) as txn:`` begins a transaction, commits it when
-        the block succeeds and rolls it back when the block raises."""
-        handle = await self.begin_txn(vchannel, keepalive=keepalive)
+        the block succeeds and rolls it back when the block raises. ``idempotency_key``:
+        see ``begin_txn``."""
+        handle = await self.begin_txn(
+            vchannel, keepalive=keepalive, idempotency_key=idempotency_key
+        )
         async with handle:
             yield handle
 
@@ -494,6 +591,15 @@ class WAL:
         mode = "ro" if self.read_only else f"rw term={self.term}"
         state = " closed" if self._closed else ""
         return f"<walsvc.WAL {self._backend.scheme}:{self.pchannel} {mode}{state}>"
+
+
+def _start_failed(pchannel: str, error: BaseException) -> WALError:
+    """What every append raises once the interceptors' ``ready`` hooks failed with
+    ``error``: a WALError of its type (``WALError`` itself for anything else)."""
+    message = f"WAL {pchannel!r} could not start its writer: {error}"
+    if isinstance(error, WALError):
+        return type(error)(message)
+    return WALError(f"WAL {pchannel!r} could not start its writer: {error!r}")
 
 
 def _admit(admitters: tuple[PlainAdmission, ...], message: Message) -> bool:

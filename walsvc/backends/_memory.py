@@ -8,6 +8,7 @@ backends store them, so tests exercise the same codec and filter paths.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, final
 
@@ -169,6 +170,20 @@ class MemoryBackend(Backend):
 
     async def last_timetick(self) -> int:
         return timetick_of(self._log.last_record) if self._log.last_record else 0
+
+    async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
+        """The first record with a tick >= ``timetick`` (binary search: ticks grow in
+        log order); the newest record if there is none."""
+        log = self._log
+        records = log.records
+        if not records:
+            return DeliverPolicy.all()
+        first = bisect.bisect_left(records, timetick, key=timetick_of)
+        if first == 0:
+            return DeliverPolicy.all()
+        return DeliverPolicy.start_from(
+            MemoryMessageId(log.first_seq + min(first, len(records) - 1))
+        )
 
     async def truncate(self, message_id: MessageId) -> None:
         self._check_writer()
