@@ -213,6 +213,18 @@ async def test_transactions_run_on_the_vchannel_s_pchannel(url: str) -> None:
         assert await replay(node, "users") == [b"u1"]
 
 
+async def test_a_keyed_transaction_is_exactly_once_through_a_node(url: str) -> None:
+    async with await open_node(url, P3) as node:
+        async with node.txn("orders", idempotency_key="o-1") as first:
+            await first.append_many([msg(b"t1", "orders"), msg(b"t2", "orders")])
+    async with await open_node(url, P3) as node:  # a producer restarted, retrying
+        async with node.txn("orders", idempotency_key="o-1") as again:
+            await again.append_many([msg(b"t1", "orders"), msg(b"t2", "orders")])
+        assert again.replayed
+        assert again.commit_result == first.commit_result
+        assert await replay(node, "orders") == [b"t1", b"t2"]
+
+
 async def test_batches_and_filters(url: str) -> None:
     async with await open_node(url, P3) as node:
         await node.append(Message(payload=b"x", vchannel="v", type=MessageType.DELETE))

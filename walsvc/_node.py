@@ -226,15 +226,24 @@ class Node:
         results = await _gather([wal.append(message) for wal in self._wals.values()])
         return dict(zip(self._wals, results, strict=True))
 
-    async def begin_txn(self, vchannel: str, *, keepalive: float = 10.0) -> Txn:
-        """``WAL.begin_txn`` on the pchannel of ``vchannel``."""
-        return await self.wal_for(vchannel).begin_txn(vchannel, keepalive=keepalive)
+    async def begin_txn(
+        self, vchannel: str, *, keepalive: float = 10.0, idempotency_key: str | None = None
+    ) -> Txn:
+        """``WAL.begin_txn`` on the pchannel of ``vchannel`` (a key makes it exactly-once
+        there: the routing sends every retry to the same pchannel)."""
+        return await self.wal_for(vchannel).begin_txn(
+            vchannel, keepalive=keepalive, idempotency_key=idempotency_key
+        )
 
     @asynccontextmanager
-    async def txn(self, vchannel: str, *, keepalive: float = 10.0) -> AsyncIterator[Txn]:
+    async def txn(
+        self, vchannel: str, *, keepalive: float = 10.0, idempotency_key: str | None = None
+    ) -> AsyncIterator[Txn]:
         """``WAL.txn`` on the pchannel of ``vchannel``: commits when the block succeeds,
         rolls back when it raises."""
-        async with self.wal_for(vchannel).txn(vchannel, keepalive=keepalive) as handle:
+        async with self.wal_for(vchannel).txn(
+            vchannel, keepalive=keepalive, idempotency_key=idempotency_key
+        ) as handle:
             yield handle
 
     def read(
