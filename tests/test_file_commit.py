@@ -32,6 +32,7 @@ from walsvc import (
 )
 from walsvc.backends._file import FileMessageId, _ccommit
 from walsvc.backends._file import _writer as writer_module
+from walsvc.backends._file._head import HeadFile, HeadState
 from walsvc.backends._file._writer import GroupCommitWriter
 
 
@@ -420,8 +421,7 @@ def test_a_forked_child_is_refused_its_parents_writer_instead_of_hanging(
 def committer(tmp_path: Path) -> Iterator[tuple[_ccommit.Committer, int, int]]:
     """A committer on a fresh head file (term 7) and segment, with its eventfd."""
     head_fd = os.open(tmp_path / "head", os.O_RDWR | os.O_CREAT, 0o644)
-    body = b"WALH" + (1).to_bytes(2, "little") + bytes(2) + (7).to_bytes(8, "little") + bytes(24)
-    os.pwrite(head_fd, body + crc32c.crc32c(body).to_bytes(4, "little"), 0)
+    HeadFile(str(tmp_path / "head"), writable=True).write(HeadState(7, 0, 0, 0, 0, 0), sync=False)
     data_fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT, 0o644)
     notify_fd = os.eventfd(0)
     committer = _ccommit.Committer(head_fd, 7, notify_fd)
@@ -434,21 +434,25 @@ def committer(tmp_path: Path) -> Iterator[tuple[_ccommit.Committer, int, int]]:
 
 
 def test_a_committer_takes_one_batch_at_a_time(
-    committer: tuple[_ccommit.Committer, int, int],
+    committer: tuple[_ccommit.Committer, int, int], tmp_path: Path
 ) -> None:
     thread, data_fd, notify_fd = committer
     with pytest.raises(ValueError, match="no batch has finished"):
         thread.outcome()
-    thread.commit(data_fd, b"abc", 0, True, 1, 5)
+    thread.commit(data_fd, b"abc", 0, True, 1, 5, 0)
     with pytest.raises(ValueError, match="in flight"):
-        thread.commit(data_fd, b"def", 3, True, 2, 6)
+        thread.commit(data_fd, b"def", 3, True, 2, 6, 0)
     assert os.eventfd_read(notify_fd) == 1
     assert thread.outcome() == (_ccommit.OK, 0)
     assert thread.syncs == 1
     assert os.pread(data_fd, 10, 0) == b"abc"
+    # The head names the durable end as a record number and as a segment and offset.
+    head = HeadFile(str(tmp_path / "head"), writable=False)
+    assert head.read() == HeadState(7, 1, 0, 5, 0, 3)
+    head.close()
     thread.close()
     with pytest.raises(ValueError, match="closed"):
-        thread.commit(data_fd, b"def", 3, True, 2, 6)
+        thread.commit(data_fd, b"def", 3, True, 2, 6, 0)
     with pytest.raises(ValueError, match="closed"):
         thread.outcome()
 

@@ -1,18 +1,20 @@
-"""Damaged ``file://`` logs: truncation, byte flips, garbage tails and a damaged head file
-yield ``CorruptRecord`` or a clean torn-tail cut, never a wrong message, a hang, or another
-exception.
+"""Damaged ``file://`` logs: truncation, byte flips and garbage tails yield
+``CorruptRecord`` or a clean torn-tail cut, never a wrong message, a lost acknowledged
+record, a reused id, a hang, or another exception.
 
 Every case starts from the same small log (several segments, several frames in each, built
 once per module) copied into a fresh directory, damages one thing, then checks:
 
 - read-only, before anything repairs the log, and
-- read-write (which recovers the tail), then appending after a clean cut.
+- read-write (which recovers the tail), then appending.
 
-The rule under test (``walsvc/backends/_file/_format.py``, ``_recovery.py``): a frame that
-fails its checks at the very end of the newest segment is a torn write and is cut off on
-a read-write open; anywhere else it is corruption and raises ``CorruptRecord``. Every
-message read back is compared with what was written: id, timetick, vchannel, type,
-payload, properties and writer term.
+The rule under test (``walsvc/backends/_file/_recovery.py``): records below the head
+file's durable end were acknowledged and are never cut; damage to them raises
+``CorruptRecord`` in every read that crosses it, and the writer appends after them under
+new ids. After the durable end, a frame that fails its checks with nothing valid after it
+is a torn write and is cut on a read-write open. Every message read back is compared with
+what was written: id, timetick, vchannel, type, payload, properties and writer term. The
+head file has tests of its own (``test_file_head.py``).
 """
 
 from __future__ import annotations
@@ -263,29 +265,28 @@ async def test_the_base_log_reads_back_exactly(base_log: BaseLog, tmp_path: Path
 
 @PROPERTY
 @given(data=st.data())
-async def test_truncating_the_newest_segment_cuts_cleanly(
+async def test_truncating_the_newest_segment_is_refused_never_cut(
     base_log: BaseLog, tmp_path: Path, data: st.DataObject
 ) -> None:
-    """Cutting the newest segment at any byte: read-write recovery keeps exactly the whole
-    frames before the cut, and appends continue from there. Read-only (no recovery) it
-    reads that prefix too or reports CorruptRecord, since records it was told are
-    durable are gone."""
+    """Cutting the newest segment at any byte removes acknowledged records (every frame
+    of the base log is below the durable end): a read-write open refuses with
+    ``CorruptRecord`` naming the segment, and leaves the file as it found it (before: it
+    cut to the last whole frame, and the next appends reused the lost records' ids).
+    Read-only it reads a prefix or reports CorruptRecord."""
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     size = len(base_log.files[base_log.newest])
-    cut = data.draw(st.integers(0, size), label="cut")
+    cut = data.draw(st.integers(0, size - 1), label="cut")
     base_log.materialize(root)
-    os.truncate(_segment_path(root, base_log.newest), cut)
+    path = _segment_path(root, base_log.newest)
+    os.truncate(path, cut)
     kept = _records_before(base_log, base_log.newest, cut)
 
     read_only = await _outcome(root, read_only=True)
     if not isinstance(read_only, CorruptRecord):
         _assert_prefix(read_only, base_log, kept)
-        assert cut == size, "read-only read everything although records were cut"
-    outcome = await _outcome(root, read_only=False)
-    assert not isinstance(outcome, CorruptRecord), outcome
-    _assert_prefix(outcome, base_log, kept)
-    assert len(outcome) == kept
-    await _assert_appends_continue(root, base_log, kept)
+    with pytest.raises(CorruptRecord, match=base_log.newest):
+        await open_bare(f"file://{root}", PCHANNEL, segment_size=SEGMENT_SIZE)
+    assert path.stat().st_size == cut
 
 
 @PROPERTY
@@ -336,6 +337,8 @@ def _frame_at(base: BaseLog, segment: str, offset: int) -> Frame:
 
 
 async def _check_flip(base: BaseLog, root: Path, segment: str, offset: int, mask: int) -> None:
+    """One flipped byte of an acknowledged frame: every read crossing it reports it, a
+    read-write open cuts nothing, and the next append gets a new id."""
     base.materialize(root)
     path = _segment_path(root, segment)
     with path.open("r+b") as f:
@@ -343,26 +346,22 @@ async def _check_flip(base: BaseLog, root: Path, segment: str, offset: int, mask
         byte = f.read(1)[0]
         f.seek(offset)
         f.write(bytes([byte ^ mask]))
-    frame = _frame_at(base, segment, offset)
-    in_last_frame = segment == base.newest and frame == base.frames[-1]
+    for read_only in (True, False):
+        outcome = await _outcome(root, read_only=read_only)
+        assert isinstance(outcome, CorruptRecord), (
+            f"read_only={read_only}: damage in {segment} at byte {offset} was not reported:"
+            f" {len(outcome)} of {len(base.expected)} records read"
+        )
+    await _assert_no_id_reused(root, base)
 
-    # Read-only: every frame is below the durable end, so the damage is always seen.
-    read_only = await _outcome(root, read_only=True)
-    assert isinstance(read_only, CorruptRecord), "read-only read a damaged log without error"
 
-    outcome = await _outcome(root, read_only=False)
-    if isinstance(outcome, CorruptRecord):
-        return
-    # Only a damaged last frame may be taken for a torn write and cut off.
-    assert in_last_frame, (
-        f"damage in {segment} at byte {offset} (frame at {frame.offset}, records from"
-        f" {frame.first_seq}) was silently dropped: {len(outcome)} of"
-        f" {len(base.expected)} records survive"
-    )
-    kept = len(base.expected) - frame.count
-    _assert_prefix(outcome, base, kept)
-    assert len(outcome) == kept
-    await _assert_appends_continue(root, base, kept)
+async def _assert_no_id_reused(root: Path, base: BaseLog) -> None:
+    """Damage to acknowledged records is never cut: the next append gets the id after
+    the last acknowledged one, whatever the damage."""
+    url = f"file://{root}"
+    async with await open_bare(url, PCHANNEL, segment_size=SEGMENT_SIZE) as wal:
+        result = await wal.append(Message(payload=b"after", vchannel="vc9"))
+    assert result.message_id == FileMessageId(len(base.expected))
 
 
 @st.composite
@@ -403,48 +402,6 @@ async def test_every_frame_header_byte_flipped(base_log: BaseLog, tmp_path: Path
                     except AssertionError as exc:
                         failures.append(f"header byte {at} ^ {mask:#04x}: {exc}")
     assert not failures, "\n".join(failures[:12]) + f"\n({len(failures)} cases)"
-
-
-# ---------------------------------------------------------------------------------------
-# (c) the head file
-
-
-async def test_a_flipped_head_byte_is_corruption(base_log: BaseLog, tmp_path: Path) -> None:
-    """Every byte of the head file is checked: flipping any of them is CorruptRecord."""
-    size = len(base_log.files["head"])
-    for offset in range(size):
-        root = tmp_path / str(offset)
-        base_log.materialize(root)
-        head = root / PCHANNEL / "head"
-        data = bytearray(head.read_bytes())
-        data[offset] ^= 0x40
-        head.write_bytes(bytes(data))
-        await _assert_head_corrupt(root)
-
-
-async def test_a_short_head_is_corruption(base_log: BaseLog, tmp_path: Path) -> None:
-    size = len(base_log.files["head"])
-    for length in (1, 4, size // 2, size - 4, size - 1):
-        root = tmp_path / str(length)
-        base_log.materialize(root)
-        os.truncate(root / PCHANNEL / "head", length)
-        await _assert_head_corrupt(root)
-
-
-async def _assert_head_corrupt(root: Path) -> None:
-    url = f"file://{root}"
-    with pytest.raises(CorruptRecord, match="head file"):
-        await open_bare(url, PCHANNEL)
-    async with await open_bare(url, PCHANNEL, read_only=True) as wal:
-        with pytest.raises(CorruptRecord, match="head file"):
-            await wal.latest_message_id()
-        with pytest.raises(CorruptRecord, match="head file"):
-            async with wal.read() as scanner:
-                await anext(scanner)
-    # The failed read-write open left nothing locked: a repaired head opens again.
-    (root / PCHANNEL / "head").unlink()
-    async with await open_bare(url, PCHANNEL) as wal:
-        assert await wal.latest_message_id() is not None
 
 
 # ---------------------------------------------------------------------------------------
@@ -631,13 +588,13 @@ FIELDS = [
 
 @pytest.mark.parametrize("then_a_torn_write", [False, True], ids=["alone", "then-torn"])
 @pytest.mark.parametrize("field", FIELDS)
-async def test_a_bad_frame_followed_by_valid_ones_fails_the_open(
+async def test_a_bad_acknowledged_frame_is_reported_never_cut(
     base_log: BaseLog, tmp_path: Path, field: str, then_a_torn_write: bool
 ) -> None:
-    """Damage to any field of a frame that valid frames follow is corruption, reported
-    when the log is opened read-write, not cut off with the acknowledged records after
-    it; also when a crash then tore the last append (damage and a crash are independent:
-    the torn write must not make the damage look like one)."""
+    """Damage to any field of an acknowledged frame of the newest segment (one with valid
+    frames after it): readers report it, the writer's open cuts neither it nor the
+    records after it, and appends continue after the durable end; also when a crash then
+    tore the last append, which is cut (damage and a crash are independent)."""
     frames = base_log.frames_of(base_log.newest)
     victim = frames[len(frames) // 2]
     assert victim != frames[-1]
@@ -649,31 +606,36 @@ async def test_a_bad_frame_followed_by_valid_ones_fails_the_open(
         data += torn[: len(torn) // 2]
     _damage_field(data, victim.offset, field, len(data) - victim.offset)
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptRecord):
-        await open_bare(f"file://{tmp_path}", PCHANNEL)
-    # Reading it read-only reports it too.
-    assert isinstance(await _outcome(tmp_path, read_only=True), CorruptRecord)
+    for read_only in (True, False):
+        assert isinstance(await _outcome(tmp_path, read_only=read_only), CorruptRecord)
+    await _assert_no_id_reused(tmp_path, base_log)
+    # Every record after the damage is kept, and a read that starts after it does not
+    # cross it: it reads them all.
+    first_after = victim.first_seq + victim.count
+    async with await open_bare(f"file://{tmp_path}", PCHANNEL, read_only=True) as wal:
+        after = DeliverPolicy.start_from(FileMessageId(first_after))
+        async with asyncio.timeout(3), wal.read(after) as scanner:
+            tail = [await anext(scanner) for _ in range(len(base_log.expected) - first_after)]
+    assert [_fields(m) for m in tail] == base_log.expected[first_after:]
 
 
 @pytest.mark.parametrize("field", FIELDS)
-async def test_a_bad_last_frame_is_cut_or_reported(
+async def test_a_damaged_last_frame_is_never_cut(
     base_log: BaseLog, tmp_path: Path, field: str
 ) -> None:
-    """The same damage to the last frame: a torn write it may be (cut, everything before
-    kept, appends continue) or corruption; never anything else."""
+    """The same damage to the last acknowledged frame, the case a torn write looks like:
+    it is below the durable end, so it is reported, never cut, and its ids are never
+    handed out again (before: a read-write open cut it silently and the next append
+    reused its first id)."""
     last = base_log.frames[-1]
     base_log.materialize(tmp_path)
     path = _segment_path(tmp_path, base_log.newest)
     data = bytearray(path.read_bytes())
     _damage_field(data, last.offset, field, len(data) - last.offset)
     path.write_bytes(bytes(data))
-    outcome = await _outcome(tmp_path, read_only=False)
-    if isinstance(outcome, CorruptRecord):
-        return
-    kept = len(base_log.expected) - last.count
-    _assert_prefix(outcome, base_log, kept)
-    assert len(outcome) == kept
-    await _assert_appends_continue(tmp_path, base_log, kept)
+    for read_only in (True, False):
+        assert isinstance(await _outcome(tmp_path, read_only=read_only), CorruptRecord)
+    await _assert_no_id_reused(tmp_path, base_log)
 
 
 # ---------------------------------------------------------------------------------------

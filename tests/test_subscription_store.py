@@ -2,7 +2,9 @@
 ``file://`` (round trips, persistence across reopen, names, claims, damaged files) and the
 throttled, forward-only ``CheckpointWriter`` (throttling, flushing, failed writes).
 
-The file store runs on real files; the only injected fault is a failing ``os.replace``.
+The file store runs on real files (a full disk is a small tmpfs where the machine allows
+mounting one); the injected faults are a failing ``os.replace`` and, where no tmpfs can
+be mounted, ``ENOSPC``.
 The writer's concurrency tests use ``GatedStore``, a real memory store whose saves wait
 for the test to let them through.
 """
@@ -10,6 +12,7 @@ for the test to let them through.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import sys
 import uuid
@@ -17,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from _full_disk import fill, small_filesystem
 from _store_support import store_round_trip
 
 import walsvc
@@ -524,3 +528,81 @@ def test_writer_arguments_are_checked() -> None:
     writer = CheckpointWriter(store, "s", interval=0)
     with pytest.raises(TypeError):
         writer.note("5@")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------
+# Faults: a full disk, a killed save
+
+
+async def test_a_claim_on_a_full_disk_is_typed_and_leaves_the_name_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a raw OSError, and the name stayed busy (the lock's descriptor leaked with
+    its flock) until the process exited. Now the claim either holds (the pid note in the
+    lock file is best effort) or fails with a WALError; either way, once released or
+    failed, the name can be claimed again."""
+    root = tmp_path / "disk"
+    url = f"file://{root}"
+    with small_filesystem(root) as mounted:
+        async with await walsvc.open_wal(url, "p") as wal:
+            await wal.append(Message(payload=b"x", vchannel="v"))
+            store = wal.backend.subscriptions()
+            store.claim("warm")  # the directory exists before the disk is full
+            store.release("warm")
+            if mounted:
+                ballast = fill(root)
+            else:  # this machine cannot mount a small file system: the same fault, injected
+                monkeypatch.setattr(os, "pwrite", _no_space)
+            for _ in range(3):
+                try:
+                    store.claim("s")
+                except walsvc.SubscriptionBusy:
+                    raise
+                except walsvc.WALError:
+                    pass
+                else:
+                    store.release("s")
+            with pytest.raises(walsvc.WALError) as saved:
+                await store.save("s", Checkpoint(None, 1))
+            assert saved.value.retriable  # a full disk may free up
+            if mounted:
+                ballast.unlink()
+            else:
+                monkeypatch.undo()
+            store.claim("s")
+            await store.save("s", Checkpoint(None, 1))
+            store.release("s")
+
+
+def _no_space(*args: object) -> int:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+async def test_a_killed_save_leaves_no_temporary_files(tmp_path: Path) -> None:
+    """A save killed between writing its temporary file and renaming it left
+    ``subscriptions/.<name>.<random>.tmp`` forever; the writer's open (and a claim of
+    the name) removes what no live scanner can be writing. A name claimed now keeps its."""
+    url = f"file://{tmp_path}"
+    async with await walsvc.open_wal(url, "p") as wal:
+        await wal.backend.subscriptions().save("a", Checkpoint(None, 1))
+    directory = tmp_path / "p" / "subscriptions"
+
+    def leave(*names: str) -> None:
+        for name in names:
+            for i in (1, 2):
+                (directory / f".{name}.{i:016x}.tmp").write_bytes(b"half a checkpoint")
+
+    async with await walsvc.open_wal(url, "p", read_only=True) as reader:
+        reader.backend.subscriptions().claim("b")
+        leave("a", "b", "x.tmp")  # b's: its live holder may be saving right now
+        async with await walsvc.open_wal(url, "p") as wal:
+            assert sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp")) == [
+                ".b.0000000000000001.tmp",
+                ".b.0000000000000002.tmp",
+            ]
+            assert await wal.backend.subscriptions().load("a") == Checkpoint(None, 1)
+        reader.backend.subscriptions().release("b")
+        leave("b")
+        reader.backend.subscriptions().claim("b")  # a new holder of the name clears it
+        assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+        reader.backend.subscriptions().release("b")

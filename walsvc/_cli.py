@@ -8,7 +8,8 @@ It prints one short line per step, with throughput and ack latency.
 Exit status: 0 when everything verified, 1 when a check failed, 2 for bad usage or a
 ``walsvc.WALError`` (printed as ``error: <message>``, without a traceback), 130 on Ctrl-C.
 
-``walsvc flush`` runs the flush job WAL -> Parquet on Spark (see ``_flush_command``).
+``walsvc flush`` runs the flush job WAL -> Parquet on Spark (see ``_flush_command``);
+``walsvc check`` verifies and repairs a local log (see ``_check_command``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from . import (
     WALTruncated,
     open_wal,
 )
+from ._check_command import add_check_parser, run_check_command
 from ._cli_args import UsageError, int_at_least
 from ._flush_command import add_flush_parser, run_flush_command
 
@@ -96,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else 2
     if args.command == "flush":
         return run_flush_command(args)
+    if args.command == "check":
+        return run_check_command(args)
     options = _DemoOptions(
         url=args.url,
         pchannel=args.pchannel,
@@ -169,6 +173,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-progress", dest="progress", action="store_false", help="no progress bar"
     )
     add_flush_parser(commands)
+    add_check_parser(commands)
     return parser
 
 

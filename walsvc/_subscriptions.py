@@ -9,6 +9,7 @@ A ``SubscriptionStore`` keeps one ``Checkpoint`` per subscription name beside th
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import math
 import os
@@ -31,6 +32,7 @@ from ._errors import (
     SubscriptionBusy,
     WALClosed,
     WALError,
+    WALReadOnly,
 )
 
 __all__ = (
@@ -449,12 +451,12 @@ class FileSubscriptionStore(SubscriptionStore):
         self._dir_ready = False
 
     def _lock(self, name: str) -> None:
-        path = os.path.join(self.path, f".{name}.lock")
+        path = self._lock_path(name)
         try:
             self._make_dir()
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise BackendUnavailable(f"cannot lock subscription {name!r} ({path}): {exc}") from exc
+            raise _store_error(f"cannot lock subscription {name!r} ({path})", exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -467,9 +469,55 @@ class FileSubscriptionStore(SubscriptionStore):
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+        try:  # who holds it, for the SubscriptionBusy of others; a full disk may refuse
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+        except OSError:
+            pass
         _lock_files[(self._claim_key, name)] = fd
+        self._remove_temporaries(name)  # a save of an earlier holder that never finished
+
+    def sweep(self) -> None:
+        """Remove the temporary files of saves that never finished (their writer was
+        killed) for every name no scanner holds now. Blocking: call from a worker thread.
+        Errors are left for the saves to report."""
+        try:
+            names = {_temporary_owner(entry) for entry in os.listdir(self.path)}
+        except OSError:
+            return
+        for name in names - {None}:
+            assert name is not None
+            with _claims_lock:
+                if name in _claims.get(self._claim_key, ()):
+                    continue  # claimed in this process: its writer may be saving
+                try:
+                    fd = os.open(self._lock_path(name), os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    fd = -1
+                except OSError:
+                    continue
+                try:
+                    if fd >= 0:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue  # claimed by another process
+                try:
+                    self._remove_temporaries(name)
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
+
+    def _remove_temporaries(self, name: str) -> None:
+        try:
+            for entry in os.listdir(self.path):
+                if _temporary_owner(entry) == name:
+                    os.unlink(os.path.join(self.path, entry))
+        except OSError:
+            pass
+
+    def _lock_path(self, name: str) -> str:
+        return os.path.join(self.path, f".{name}.lock")
 
     def _unlock(self, name: str) -> None:
         fd = _lock_files.pop((self._claim_key, name), None)
@@ -506,7 +554,7 @@ class FileSubscriptionStore(SubscriptionStore):
 
     def _write(self, name: str, data: bytes) -> None:
         self._make_dir()
-        tmp = os.path.join(self.path, f".{name}.{secrets.token_hex(8)}.tmp")
+        tmp = os.path.join(self.path, f".{name}.{secrets.token_hex(8)}{_TEMPORARY}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -557,8 +605,31 @@ def _fsync_directory(path: str) -> None:
 
 
 async def _in_thread(what: str, call: Callable[[], _R]) -> _R:
-    """``call()`` in a worker thread, with ``OSError`` translated to ``BackendUnavailable``."""
+    """``call()`` in a worker thread, with ``OSError`` translated (``_store_error``)."""
     try:
         return await asyncio.get_running_loop().run_in_executor(None, call)
     except OSError as exc:
-        raise BackendUnavailable(f"{what}: {exc}") from exc
+        raise _store_error(what, exc) from exc
+
+
+def _store_error(what: str, exc: OSError) -> WALError:
+    """A store's ``OSError`` as a WALError: ``WALReadOnly`` where the directory cannot be
+    written at all (a read-only mount, no permission), else ``BackendUnavailable``
+    (a full disk, an I/O error: a later try may succeed)."""
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return WALReadOnly(
+            f"{what}: {exc}; durable subscriptions keep their checkpoints beside the log,"
+            " and this process cannot write there"
+        )
+    return BackendUnavailable(f"{what}: {exc}")
+
+
+_TEMPORARY: Final = ".tmp"
+
+
+def _temporary_owner(entry: str) -> str | None:
+    """The subscription name a save's temporary file ``.<name>.<random>.tmp`` is for."""
+    if not (entry.startswith(".") and entry.endswith(_TEMPORARY)):
+        return None
+    name, _, _ = entry[1 : -len(_TEMPORARY)].rpartition(".")
+    return name if _NAME.fullmatch(name) else None

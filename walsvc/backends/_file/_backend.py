@@ -16,21 +16,30 @@ each pchannel is a subdirectory. Options:
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar, final
 
 from ..._deliver import DeliverPolicy
-from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
+from ..._errors import (
+    BackendUnavailable,
+    CorruptRecord,
+    InvalidArgument,
+    WALClosed,
+    WALReadOnly,
+)
 from ..._filter import Filter
 from ..._ids import MessageId
 from ..._subscriptions import FileSubscriptionStore
 from .._base import Backend, BackendScanner
 from ._directory import LogDirectory, fsync_directory
+from ._format import segment_seq
 from ._head import HeadFile, HeadState
 from ._ids import FileMessageId
 from ._recovery import recover_tail
 from ._scanner import FileRunScanner, FileScanner
+from ._seek import record_before_timetick
 from ._writer import GroupCommitWriter
 
 _S = TypeVar("_S", bound=FileScanner)
@@ -98,7 +107,11 @@ class FileBackend(Backend):
         except BaseException:
             head.close()
             raise
-        return cls(directory, pchannel, writer, writer_term(directory), poll_interval)
+        backend = cls(directory, pchannel, writer, writer_term(directory), poll_interval)
+        # Checkpoint saves a kill interrupted leave temporary files: the writer's open
+        # removes those no live scanner can still be writing.
+        await asyncio.get_running_loop().run_in_executor(None, backend.subscriptions().sweep)
+        return backend
 
     def append(self, records: Sequence[bytes]) -> asyncio.Future[list[FileMessageId]]:
         if self._writer is None:
@@ -138,6 +151,20 @@ class FileBackend(Backend):
     async def last_timetick(self) -> int:
         return self.directory.head.read().last_timetick
 
+    async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
+        """A frame within ``_seek.NEAR`` bytes before the first record with a tick at or
+        above ``timetick``, found by binary search over segments and then bytes."""
+        if self._closed:
+            raise WALClosed(f"file WAL {self.directory.path} is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            seq = await loop.run_in_executor(
+                None, record_before_timetick, self.directory, timetick
+            )
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot read file WAL {self.directory.path}: {exc}") from exc
+        return DeliverPolicy.all() if seq is None else DeliverPolicy.start_from(FileMessageId(seq))
+
     async def truncate(self, message_id: MessageId) -> None:
         if self._writer is None:
             raise WALReadOnly(f"file WAL {self.directory.path} was opened read-only")
@@ -162,20 +189,50 @@ class FileBackend(Backend):
 
 
 def _open_directory(location: str, pchannel: str, *, read_only: bool) -> LogDirectory:
-    """The pchannel's directory with its head file open (created for a writer)."""
+    """The pchannel's directory with its head file open (created for a new log's
+    writer). A directory whose segments lost their head file is refused: a head made up
+    now would hand out a term and ids the log already holds."""
     if not location:
         raise InvalidArgument("file:// URL needs a path: file:///abs/dir or file://rel/dir")
     path = os.path.abspath(os.path.join(os.path.expanduser(location), pchannel))
     head_path = os.path.join(path, "head")
     try:
+        exists = os.path.exists(head_path)
+        if not exists and _holds_segments(path):
+            raise _lost_head(path, "missing", f"file://{location} {pchannel}")
         if read_only:
-            if not os.path.exists(head_path):
+            if not exists:
                 raise InvalidArgument(f"no file WAL for pchannel {pchannel!r} at {path}")
         else:
             os.makedirs(path, exist_ok=True)
-        return LogDirectory(path, HeadFile(head_path, create=not read_only))
+        head = HeadFile(head_path, writable=not read_only)
     except OSError as exc:
+        if not read_only and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise WALReadOnly(
+                f"cannot open file WAL at {path} for writing ({exc}); readers open it with"
+                " read_only=True"
+            ) from exc
         raise BackendUnavailable(f"cannot open file WAL at {path}: {exc}") from exc
+    directory = LogDirectory(path, head)
+    if head.empty() and directory.segments():
+        head.close()
+        raise _lost_head(path, "empty", f"file://{location} {pchannel}")
+    return directory
+
+
+def _holds_segments(path: str) -> bool:
+    try:
+        return any(segment_seq(name) is not None for name in os.listdir(path))
+    except FileNotFoundError:
+        return False
+
+
+def _lost_head(path: str, how: str, target: str) -> CorruptRecord:
+    return CorruptRecord(
+        f"{path}: the head file is {how}, but the directory holds segments (its writer term,"
+        " durable end and first record are not rebuilt silently): stop every writer of the"
+        f" pchannel, then run `walsvc check {target} --repair`"
+    )
 
 
 def writer_term(directory: LogDirectory) -> int:
@@ -204,9 +261,12 @@ def _recover_locked(directory: LogDirectory, sync: bool, segment_size: int) -> G
     term = state.term + 1
     head.write(state._replace(term=term), sync=True)
     fsync_directory(directory.path)
-    tail = recover_tail(directory, state.first_seq)
+    tail = recover_tail(directory, state)
     last_timetick = max(state.last_timetick, tail.last_timetick)
-    head.write(HeadState(term, tail.next_seq, state.first_seq, last_timetick), sync=True)
+    head.write(
+        HeadState(term, tail.next_seq, state.first_seq, last_timetick, tail.segment, tail.offset),
+        sync=True,
+    )
     return GroupCommitWriter(directory, term, tail, sync=sync, segment_size=segment_size)
 
 

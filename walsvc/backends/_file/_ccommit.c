@@ -14,14 +14,15 @@
  * starts the thread. `head_fd` is the pchannel's head file (the writers' lock), `term` the
  * writer's term, `notify_fd` an eventfd the thread adds 1 to when a batch is done.
  *
- * commit(data_fd, data, offset, sync, durable_end, last_timetick)
+ * commit(data_fd, data, offset, sync, durable_end, last_timetick, segment)
  *
  * hands one batch to the thread (ValueError while another is in flight or its outcome
  * not collected). Under flock(head_fd, LOCK_EX) the thread reads the head file and checks
  * its length, magic, version and CRC-32C; if its term is not the writer's it writes
  * nothing (fenced); else it pwrites `data` at `offset` of `data_fd`, fdatasyncs that file
  * if `sync`, and overwrites the head with (term, durable_end, the head's first record,
- * last_timetick), not synced: what GroupCommitWriter._write does in Python.
+ * last_timetick, segment, offset + len(data)), not synced: what GroupCommitWriter._write
+ * does in Python. `segment` is the first record of the segment `data_fd` is.
  *
  * outcome() -> (status, value)
  *
@@ -37,8 +38,9 @@
  *
  * syncs: the fdatasync calls the thread made.
  *
- * The head file is 44 bytes, little-endian: "<4sHHQQQQ" (magic "WALH", version 1,
- * reserved, term, durable end, first seq, last timetick) and the CRC-32C of those 40.
+ * The head file is 60 bytes, little-endian: "<4sHHQQQQQQ" (magic "WALH", version 2,
+ * reserved, term, durable end, first seq, last timetick, the segment and the byte offset
+ * where the durable records end) and the CRC-32C of those 56 (see _head.py).
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE /* pthread_setname_np */
@@ -52,9 +54,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#define HEAD_BODY 40
+#define HEAD_BODY 56
 #define HEAD_SIZE (HEAD_BODY + 4)
-#define HEAD_VERSION 1
+#define HEAD_VERSION 2
 
 enum { OK = 0, FENCED = 1, BAD_HEAD = 2, OS_ERROR = 3 };
 
@@ -122,7 +124,7 @@ typedef struct {
     Py_ssize_t size;
     int64_t offset;
     int sync;
-    uint64_t durable_end, last_timetick;
+    uint64_t durable_end, last_timetick, segment;
 } Job;
 
 typedef struct {
@@ -208,6 +210,8 @@ commit_one(Committer *c, const Job *job, uint64_t *value)
     }
     put64(head + 16, job->durable_end); /* term and first seq stay as read */
     put64(head + 32, job->last_timetick);
+    put64(head + 40, job->segment);
+    put64(head + 48, (uint64_t)(job->offset + job->size));
     put32(head + HEAD_BODY, crc32c(head, HEAD_BODY));
     ssize_t put = pwrite(c->head_fd, head, HEAD_SIZE, 0);
     if (put != HEAD_SIZE) {
@@ -303,9 +307,9 @@ Committer_commit(Committer *self, PyObject *args)
     int data_fd, sync;
     PyObject *data;
     long long offset;
-    unsigned long long durable_end, last_timetick;
-    if (!PyArg_ParseTuple(args, "iSLpKK", &data_fd, &data, &offset, &sync, &durable_end,
-                          &last_timetick)) {
+    unsigned long long durable_end, last_timetick, segment;
+    if (!PyArg_ParseTuple(args, "iSLpKKK", &data_fd, &data, &offset, &sync, &durable_end,
+                          &last_timetick, &segment)) {
         return NULL;
     }
     if (check_usable(self) < 0) {
@@ -329,6 +333,7 @@ Committer_commit(Committer *self, PyObject *args)
         .sync = sync,
         .durable_end = durable_end,
         .last_timetick = last_timetick,
+        .segment = segment,
     };
     self->data = Py_NewRef(data);
     self->pending = 1;

@@ -17,6 +17,7 @@ class Committer:
         sync: bool,
         durable_end: int,
         last_timetick: int,
+        segment: int,
         /,
     ) -> None: ...
     def outcome(self) -> tuple[int, int]: ...

@@ -1,5 +1,17 @@
-"""Open-time recovery of the newest segment: find the end of the valid frames and cut a
-torn tail. Runs under the writers' lock, in a worker thread."""
+"""Open-time recovery: find where the next frame goes, and cut a torn tail. Runs under the
+writers' lock, in a worker thread.
+
+Recovery starts at the durable end the head file records (its segment and byte offset):
+everything before it was acknowledged and is never read, cut or rewritten here (damage
+there is reported by the readers that cross it, and by ``walsvc check``). After it lie
+at most the frames of batches that were written but never acknowledged: whole ones are
+kept (their appends may have been reported as failed or unknown; keeping them is what a
+retry with the same idempotency key then finds), a torn one is cut.
+
+A version 1 head does not say where the durable end lies: the newest segment is scanned
+from its start instead, and a cut that would reach below the durable end refuses with
+``CorruptRecord`` as well.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +23,7 @@ from ..._errors import CorruptRecord
 from ._directory import LogDirectory, fsync_directory
 from ._format import FRAME_HEADER_SIZE, MAGIC, parse_frame_header, verify_frame
 from ._frames import read_frames
+from ._head import UNKNOWN, HeadState
 
 __all__ = ("Tail", "recover_tail")
 
@@ -23,41 +36,99 @@ class Tail(NamedTuple):
     fd: int
     offset: int
     next_seq: int
-    #: Timetick of the newest record in the segment (0 if it holds none).
+    #: Timetick of the newest record kept after the durable end (0 if none).
     last_timetick: int
     #: Size of the segment file: past ``offset`` it holds only zeros (the runway).
     size: int
 
 
-def recover_tail(directory: LogDirectory, first_seq: int) -> Tail:
-    """Scan the newest segment (creating the first one for a new log, starting at
-    ``first_seq``), truncate a torn last frame, and return the tail.
+def recover_tail(directory: LogDirectory, state: HeadState) -> Tail:
+    """The tail of the log whose head says ``state``, after cutting a torn write that
+    follows the durable end (creating the first segment of a new log).
 
-    A frame that is incomplete or fails its checks is a torn write only if no valid frame
-    follows it (a crash mid-write leaves a prefix of the last frame, possibly followed by
-    zeros, and nothing else); otherwise it is corruption and raises ``CorruptRecord``
-    rather than dropping acknowledged records.
+    Raises ``CorruptRecord`` if records the head calls durable are missing (a segment or
+    bytes of one gone), or if a bad frame after the durable end is followed by valid
+    frames that continue the numbering (damage, not a torn write: a crash leaves a prefix
+    of the last frame and nothing after it).
     """
     segments = directory.segments()
     if not segments:
-        path = directory.segment_path(first_seq)
+        if state.durable_end > state.first_seq:
+            raise CorruptRecord(
+                f"{directory.path}: the head file says records {state.first_seq} to"
+                f" {state.durable_end - 1} are durable, but no segment file is left"
+            )
+        path = directory.segment_path(state.first_seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fsync_directory(directory.path)
-        return Tail(first_seq, fd, 0, first_seq, 0, 0)
-    segment = segments[-1]
-    path = directory.segment_path(segment)
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        offset, next_seq, last_timetick = _scan(directory, segment, fd, path)
-    except BaseException:
+        return Tail(state.first_seq, fd, 0, state.first_seq, 0, 0)
+    if state.end_segment == UNKNOWN:  # a version 1 head: scan the newest segment
+        start_segment, offset, next_seq = segments[-1], 0, segments[-1]
+    else:
+        start_segment, offset, next_seq = state.end_segment, state.end_offset, state.durable_end
+        if start_segment not in segments:
+            raise CorruptRecord(
+                f"{directory.segment_path(start_segment)}: the segment holding the durable"
+                f" end (record {state.durable_end}) is missing"
+            )
+    tail_segments = [s for s in segments if s >= start_segment]
+    last_timetick = 0
+    for i, segment in enumerate(tail_segments):
+        newest = i == len(tail_segments) - 1
+        if segment != start_segment and segment != next_seq:
+            raise CorruptRecord(
+                f"{directory.segment_path(segment)}: starts at record {segment}, but the"
+                f" segment before it ends at record {next_seq}"
+            )
+        path = directory.segment_path(segment)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            directory.index.note(segment, next_seq, offset)
+            offset, next_seq, tick = _scan(
+                directory, segment, fd, path, offset, next_seq, may_cut=newest
+            )
+            if next_seq < state.durable_end:
+                raise CorruptRecord(
+                    f"{path}: the log ends at record {next_seq}, byte {offset}, but the head"
+                    f" file says records up to {state.durable_end - 1} are durable: refusing"
+                    " to cut acknowledged records (see `walsvc check`)"
+                )
+            if not newest and offset != os.fstat(fd).st_size:
+                raise CorruptRecord(
+                    f"{path}: bytes after the last frame (offset {offset}), and a newer"
+                    " segment follows"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        last_timetick = max(last_timetick, tick)
+        if newest:
+            return Tail(segment, fd, offset, next_seq, last_timetick, os.fstat(fd).st_size)
         os.close(fd)
-        raise
-    return Tail(segment, fd, offset, next_seq, last_timetick, os.fstat(fd).st_size)
+        offset = 0
+    raise AssertionError("unreachable: tail_segments holds the start segment")
 
 
-def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[int, int, int]:
-    offset = 0
-    next_seq = segment
+def _scan(
+    directory: LogDirectory,
+    segment: int,
+    fd: int,
+    path: str,
+    offset: int,
+    next_seq: int,
+    *,
+    may_cut: bool,
+) -> tuple[int, int, int]:
+    """Walk the frames of ``segment`` from ``offset`` (where record ``next_seq`` starts);
+    cut a torn tail if ``may_cut`` (the newest segment: an older one was complete when
+    the next was started). Returns the end offset, the next sequence number and the
+    timetick of the last record walked (0 if none)."""
+    size = os.fstat(fd).st_size
+    if size < offset:
+        raise CorruptRecord(
+            f"{path}: the durable end lies at byte {offset}, but the file holds {size} bytes:"
+            " acknowledged records are missing"
+        )
     last_body: memoryview | None = None
     while True:
         block = read_frames(fd, offset)
@@ -79,6 +150,8 @@ def _scan(directory: LogDirectory, segment: int, fd: int, path: str) -> tuple[in
             error = block.error or f"frame at offset {offset} runs past the end of the file"
             raise CorruptRecord(f"{path}: {error}; valid frames follow it") from None
         if block.stop != "eof":
+            if not may_cut:
+                raise CorruptRecord(f"{path}: a bad frame at offset {offset}, and a newer segment")
             os.ftruncate(fd, offset)
             os.fsync(fd)
         last_timetick = 0 if last_body is None else last_timetick_of_run(last_body)

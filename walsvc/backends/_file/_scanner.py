@@ -17,6 +17,7 @@ from ..._message import ImmutableMessage
 from .._base import BackendScanner, EnvelopeRun
 from ._frames import read_frames
 from ._ids import FileMessageId
+from ._seek import NEAR, frame_at, frame_from, last_frame_where
 
 if TYPE_CHECKING:
     from ._backend import FileBackend
@@ -72,6 +73,8 @@ class FileScanner(BackendScanner):
             state = directory.head.read()
             if self._fd is None:
                 self._position(state.first_seq)
+                await self._seek(loop)
+                continue  # closed meanwhile? the head moved on?
             if self._offset_seq >= state.durable_end or (self._deliver_from >= state.durable_end):
                 await self._wait()
                 continue
@@ -104,10 +107,43 @@ class FileScanner(BackendScanner):
                 self._offset = header.end
                 self._offset_seq = header.end_seq
             else:
+                if block.stop in ("bad", "partial") and await self._skip_damage(loop):
+                    continue
                 self._after_block(block.stop, block.error, state.durable_end)
             if out:
                 return out
             await asyncio.sleep(0)  # a long run of rejected records must not hog the loop
+
+    async def _skip_damage(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """The frame at ``_offset`` is bad. If it lies before ``_deliver_from`` (records
+        this scanner is not asked for), go on from the next valid frame if that one starts
+        at or before ``_deliver_from``: damage a read does not cross does not fail it.
+        True if it does."""
+        if self._offset_seq >= self._deliver_from:
+            return False
+        fd = self._fd
+        assert fd is not None
+        self._busy = True
+        try:
+            size = os.fstat(fd).st_size
+            found = await loop.run_in_executor(
+                None,
+                frame_from,
+                fd,
+                self._offset + 1,
+                size,
+                self._offset_seq + 1,
+                1 << 63,
+                size,
+            )
+        finally:
+            self._busy = False
+            if self._closed:
+                self._close_fd()
+        if found is None or self._closed or found[0].first_seq > self._deliver_from:
+            return False  # records this scanner is asked for are in the damage
+        self._offset, self._offset_seq = found[0].offset, found[0].first_seq
+        return True
 
     def _after_block(self, stop: str, error: CorruptRecord | None, durable_end: int) -> None:
         """Act on why a block ended when all its frames were consumed."""
@@ -154,6 +190,27 @@ class FileScanner(BackendScanner):
                 )
             first_retained = state.first_seq
         raise WALTruncated(f"file WAL {directory.path}: record {target} is being truncated")
+
+    async def _seek(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From the indexed frame ``_position`` found, get to within ``NEAR`` bytes of
+        ``_deliver_from`` by a binary search over the segment (a log reopened knows few
+        frames of its segments), in a worker thread."""
+        fd = self._fd
+        assert fd is not None
+        if os.fstat(fd).st_size - self._offset <= NEAR:
+            return
+        self._busy = True
+        try:
+            found = await loop.run_in_executor(
+                None, _seek_record, fd, self._offset, self._offset_seq, self._deliver_from
+            )
+        finally:
+            self._busy = False
+            if self._closed:
+                self._close_fd()
+        if found is not None:
+            self._offset_seq, self._offset = found
+            self._backend.directory.index.note(self._segment, *found)
 
     def _next_segment(self) -> None:
         """The current segment is exhausted and the log goes on: open the next one, which
@@ -235,6 +292,18 @@ class FileRunScanner(FileScanner):
 
     def _decode(self, body: memoryview, first_seq: int, skip: int) -> list[Any]:
         return [EnvelopeRun(first_seq + skip, body, offset_after(body, skip))]
+
+
+def _seek_record(fd: int, offset: int, seq: int, target: int) -> tuple[int, int] | None:
+    """(first record, offset) of a frame within ``NEAR`` bytes before the one holding
+    record ``target``, searched from the frame at ``offset`` (which starts at record
+    ``seq``); None if that frame cannot be read (the walk from it reports why)."""
+    start = frame_at(fd, offset, seq)
+    if start is None:
+        return None
+    size = os.fstat(fd).st_size
+    header, _ = last_frame_where(fd, start, size, 1 << 63, lambda f: f[0].first_seq <= target)
+    return header.first_seq, header.offset
 
 
 def _set(waiter: asyncio.Future[None]) -> None:

@@ -198,7 +198,7 @@ class GroupCommitWriter:
             committer = self._committer_for(len(data))
             if committer is not None:
                 committer.commit(
-                    self._fd, data, offset, self._sync, first + len(records), last_timetick
+                    self._fd, data, offset, self._sync, first + len(records), last_timetick, segment
                 )
                 self._committing = (calls, first, len(records), offset, segment, len(data))
                 self._in_flight = True
@@ -365,7 +365,10 @@ class GroupCommitWriter:
                 os.fdatasync(self._fd)
             self._offset = offset
             head.write(
-                HeadState(self._term, first + count, state.first_seq, last_timetick), sync=False
+                HeadState(
+                    self._term, first + count, state.first_seq, last_timetick, self._segment, offset
+                ),
+                sync=False,
             )
         finally:
             head.unlock()
