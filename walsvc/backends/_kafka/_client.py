@@ -1,44 +1,158 @@
 """Starting and stopping aiokafka clients with deadlines, errors translated.
 
-Every client start is bounded by ``connect_timeout``; every client stop by
-``request_timeout``. aiokafka's exceptions become ``BackendUnavailable`` here.
+Every client start is retried until ``connect_timeout`` (a broker that is down or
+paused when the WAL opens may come back within it); every client stop is bounded by
+``STOP_WITHIN`` seconds, after which its connections are aborted (a broker that does
+not answer would otherwise hold a graceful stop for a request timeout or more).
+aiokafka's exceptions become ``BackendUnavailable`` here.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
 from ..._errors import BackendUnavailable
 from ._options import KafkaOptions
 
-__all__ = ("ms", "new_admin", "new_consumer", "new_producer", "stop_quietly")
+__all__ = (
+    "STOP_WITHIN",
+    "caller_cancelled",
+    "ms",
+    "new_admin",
+    "new_consumer",
+    "new_producer",
+    "start_client",
+    "stop_quietly",
+)
+
+#: Seconds a client's graceful stop may take before its connections are aborted.
+STOP_WITHIN: Final = 1.0
+_RETRY_PAUSE: Final = 0.2
+_MAX_RETRY_PAUSE: Final = 1.0
 
 
-async def _start(client: Any, what: str, servers: list[str], options: KafkaOptions) -> None:
+def caller_cancelled() -> bool:
+    """Whether the running task is being cancelled (so a ``CancelledError`` it sees is
+    its own and must propagate), as opposed to one a library let escape from a task it
+    cancelled itself (aiokafka 0.14's ``Fetcher.close`` does)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def start_client(
+    make: Callable[[], Any],
+    what: str,
+    servers: list[str],
+    options: KafkaOptions,
+    start: Callable[[Any], Awaitable[None]] | None = None,
+) -> Any:
+    """A client made by ``make`` and started (``start(client)``, default its ``start``
+    method), retried with a fresh client until ``connect_timeout``: a refused connection
+    or a bootstrap request that timed out fails one attempt, not the open. Raises
+    ``BackendUnavailable`` naming that bound."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + options.connect_timeout
+    pause = _RETRY_PAUSE
+    attempts = 0
+    while True:
+        client = make()
+        attempts += 1
+        try:
+            async with asyncio.timeout_at(deadline):
+                await (client.start() if start is None else start(client))
+            return client
+        except (TimeoutError, KafkaError, OSError) as exc:
+            await stop_quietly(client)
+            if isinstance(exc, TimeoutError) or loop.time() + pause >= deadline:
+                raise BackendUnavailable(
+                    f"cannot reach Kafka at {','.join(servers)} ({what}) within"
+                    f" {options.connect_timeout} s (connect_timeout; {attempts}"
+                    f" attempt{'s' if attempts > 1 else ''}): {exc!r}"
+                ) from exc
+        except BaseException:  # cancelled: the client of this attempt is not leaked
+            await stop_quietly(client)
+            raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _MAX_RETRY_PAUSE)
+
+
+def _inner(client: Any) -> Any:
+    """The ``AIOKafkaClient`` under a producer, consumer or admin client (or itself)."""
+    if isinstance(client, AIOKafkaProducer):
+        return client.client
+    if isinstance(client, AIOKafkaConsumer | AIOKafkaAdminClient):
+        return client._client
+    return client
+
+
+def _abort(client: Any) -> None:
+    """Cut what a graceful stop left running: background tasks cancelled, connections
+    aborted (their pending requests fail at once)."""
+    if isinstance(client, AIOKafkaProducer):
+        sender = client._sender
+        if sender is not None and sender.sender_task is not None:
+            sender.sender_task.cancel()
+    elif isinstance(client, AIOKafkaConsumer):
+        fetcher = client._fetcher
+        if fetcher is not None:
+            fetcher._fetch_task.cancel()
+            for task in fetcher._pending_tasks:
+                task.cancel()
+    inner = _inner(client)
+    if not isinstance(inner, AIOKafkaClient):
+        return
+    if inner._sync_task is not None:
+        inner._sync_task.cancel()
+    update = inner._md_update_fut
+    if update is not None and not update.done():
+        update.cancel()
+    for conn in list(inner._conns.values()):
+        writer = conn._writer
+        if writer is not None:
+            writer.transport.abort()
+        with contextlib.suppress(Exception):
+            conn.close()
+    inner._conns.clear()
+
+
+async def stop_quietly(client: Any, seconds: float = STOP_WITHIN) -> None:
+    """Stop an aiokafka client (producer, consumer, admin, or a bare ``AIOKafkaClient``)
+    within about ``seconds``: a stop that has not finished by then (a broker that does not
+    answer) is cut short by aborting its connections. Never raises, except for the
+    caller's own cancellation."""
+    if isinstance(client, AIOKafkaProducer):
+        _drop_batches(client._message_accumulator)
+    stop = client.stop if isinstance(client, AIOKafkaProducer | AIOKafkaConsumer) else client.close
     try:
-        async with asyncio.timeout(options.connect_timeout):
-            await client.start()
-    except (TimeoutError, KafkaError, OSError) as exc:
-        await stop_quietly(client, options)
-        raise BackendUnavailable(
-            f"cannot reach Kafka at {','.join(servers)} ({what}) within"
-            f" {options.connect_timeout} s: {exc!r}"
-        ) from exc
-
-
-async def stop_quietly(client: Any, options: KafkaOptions) -> None:
-    """Stop an aiokafka client, giving up after ``request_timeout``; never raises."""
-    stop = client.close if isinstance(client, AIOKafkaAdminClient) else client.stop
-    try:
-        async with asyncio.timeout(options.request_timeout):
+        async with asyncio.timeout(seconds):
             await stop()
+        return
     except (TimeoutError, KafkaError, OSError):
         pass
+    except asyncio.CancelledError:
+        if caller_cancelled():
+            _abort(client)
+            raise
+    _abort(client)
+
+
+def _drop_batches(accumulator: Any) -> None:
+    """Fail the batches a producer still holds: the writer gave them up already, so a
+    graceful stop need not wait for the broker to take them."""
+    futures = [batch.future for batches in accumulator._batches.values() for batch in batches]
+    futures += [batch.future for batch in accumulator._pending_batches]
+    accumulator.fail_all(KafkaError("the producer is stopping"))
+    for future in futures:
+        if not future.cancelled():
+            future.exception()  # retrieved: nobody else waits for it
 
 
 def ms(seconds: float) -> int:
@@ -48,38 +162,47 @@ def ms(seconds: float) -> int:
 
 async def new_admin(servers: list[str], options: KafkaOptions) -> Any:
     """A started admin client."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=servers, request_timeout_ms=ms(options.request_timeout)
+    return await start_client(
+        lambda: AIOKafkaAdminClient(
+            bootstrap_servers=servers, request_timeout_ms=ms(options.request_timeout)
+        ),
+        "admin",
+        servers,
+        options,
     )
-    await _start(admin, "admin", servers, options)
-    return admin
 
 
 async def new_producer(servers: list[str], options: KafkaOptions, max_bytes: int) -> Any:
     """A started producer: acks from every in-sync replica, no idempotence (Tansu has no
     InitProducerId), batches sent as built (``send_batch``)."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=servers,
-        acks="all",
-        enable_idempotence=False,
-        linger_ms=0,
-        max_request_size=max_bytes,
-        request_timeout_ms=ms(options.request_timeout),
+    return await start_client(
+        lambda: AIOKafkaProducer(
+            bootstrap_servers=servers,
+            acks="all",
+            enable_idempotence=False,
+            linger_ms=0,
+            max_request_size=max_bytes,
+            request_timeout_ms=ms(options.request_timeout),
+        ),
+        "producer",
+        servers,
+        options,
     )
-    await _start(producer, "producer", servers, options)
-    return producer
 
 
 async def new_consumer(servers: list[str], options: KafkaOptions, *, max_wait: float) -> Any:
     """A started consumer without a group (assign + seek only)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=servers,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="none",
-        fetch_max_wait_ms=ms(max_wait),
-        request_timeout_ms=ms(options.request_timeout),
-        max_partition_fetch_bytes=max(options.max_batch_bytes, 1024 * 1024) * 2,
+    return await start_client(
+        lambda: AIOKafkaConsumer(
+            bootstrap_servers=servers,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="none",
+            fetch_max_wait_ms=ms(max_wait),
+            request_timeout_ms=ms(options.request_timeout),
+            max_partition_fetch_bytes=max(options.max_batch_bytes, 1024 * 1024) * 2,
+        ),
+        "consumer",
+        servers,
+        options,
     )
-    await _start(consumer, "consumer", servers, options)
-    return consumer

@@ -29,7 +29,7 @@ from aiokafka.protocol.fetch import FetchRequest
 
 from ..._errors import BackendUnavailable, WALClosed, WALTruncated
 from ._batches import Walked, walk
-from ._client import ms
+from ._client import ms, start_client, stop_quietly
 from ._options import KafkaOptions
 
 __all__ = ("PartitionFetcher",)
@@ -80,22 +80,26 @@ class PartitionFetcher:
         self._closed = False
 
     async def start(self) -> None:
-        """Connect and learn the partition's leader, within ``connect_timeout``."""
+        """Connect and learn the partition's leader, retried until ``connect_timeout``
+        (then ``BackendUnavailable``)."""
         options = self._options
-        client = AIOKafkaClient(
-            bootstrap_servers=self._servers, request_timeout_ms=ms(options.request_timeout)
+
+        async def bootstrap(client: Any) -> None:
+            await client.bootstrap()
+            await client.add_topic(self.tp.topic)
+
+        self._client = await start_client(
+            lambda: AIOKafkaClient(
+                bootstrap_servers=self._servers, request_timeout_ms=ms(options.request_timeout)
+            ),
+            "fetcher",
+            self._servers,
+            options,
+            bootstrap,
         )
-        self._client = client
-        try:
-            async with asyncio.timeout(options.connect_timeout):
-                await client.bootstrap()
-                await client.add_topic(self.tp.topic)
-        except (TimeoutError, KafkaError, OSError) as exc:
-            await self.aclose()
-            raise BackendUnavailable(
-                f"cannot reach Kafka at {','.join(self._servers)} (fetcher) within"
-                f" {options.connect_timeout} s: {exc!r}"
-            ) from exc
+        if self._closed:  # closed while starting
+            client, self._client = self._client, None
+            await stop_quietly(client)
 
     async def next(self) -> list[Walked]:
         """The records from ``position`` that the next response holds (or none after the
@@ -178,7 +182,8 @@ class PartitionFetcher:
             await asyncio.sleep(_BACKOFF)
 
     async def aclose(self) -> None:
-        """Drop the request in flight and close the connections. Idempotent."""
+        """Drop the request in flight and close the connections (within
+        ``_client.STOP_WITHIN``). Idempotent."""
         self._closed = True
         pending, self._pending = self._pending, None
         if pending is not None:
@@ -187,9 +192,7 @@ class PartitionFetcher:
                 await pending
         client, self._client = self._client, None
         if client is not None:
-            with contextlib.suppress(TimeoutError, KafkaError, OSError):
-                async with asyncio.timeout(self._options.request_timeout):
-                    await client.close()
+            await stop_quietly(client)
 
 
 def _partition_data(response: Any, tp: TopicPartition) -> tuple[Any, bytes]:

@@ -50,7 +50,7 @@ class LogReader:
         """Stop the consumer. Idempotent."""
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await stop_quietly(consumer, self._options)
+            await stop_quietly(consumer)
 
     async def bounds(self) -> tuple[int, int]:
         """(first retained offset, true end offset)."""

@@ -120,10 +120,10 @@ class KafkaSubscriptionStore(SubscriptionStore):
         self._closed = True
         admin, self._admin = self._admin, None
         producer, self._producer = self._producer, None
-        await self._reader.aclose()
-        for client in (admin, producer):
-            if client is not None:
-                await stop_quietly(client, self._options)
+        await asyncio.gather(
+            self._reader.aclose(),
+            *(stop_quietly(client) for client in (admin, producer) if client is not None),
+        )
 
     # -- SubscriptionStore --------------------------------------------------------------
 
