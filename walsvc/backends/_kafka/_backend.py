@@ -3,9 +3,14 @@
 Options (keywords of ``walsvc.open_wal``):
 
 - ``topic_prefix`` (default ``"walsvc."``): the topic of pchannel P is prefix + P.
-- ``connect_timeout`` (seconds, default 10): an unreachable broker raises
-  ``BackendUnavailable`` within it.
+- ``connect_timeout`` (seconds, default 10): connecting is retried until it has passed
+  (a broker that is down or paused at the open may come back meanwhile); an unreachable
+  broker raises ``BackendUnavailable`` after it.
 - ``request_timeout`` (seconds, default 30): the bound on every request and read.
+- ``close_timeout`` (seconds, default 5): how long ``aclose`` (or the close started by
+  ``begin_close``) lets queued appends finish; then the batch in flight fails with
+  ``AppendOutcomeUnknown``, the rest with ``WALClosed``, and the clients are stopped
+  within about one second more. ``aclose`` never raises.
 - ``max_batch_bytes`` (default 1 MiB): appends queued while a batch is in flight are
   sent together, up to this many bytes (one append call is never split, so one call may
   hold at most max(``max_batch_bytes``, the WAL's ``max_message_size``) bytes, else
@@ -20,6 +25,7 @@ groups ``<topic_prefix>_sub.<P>.<name>`` (``_subscriptions``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
@@ -30,6 +36,7 @@ from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOn
 from ..._filter import Filter
 from ..._ids import MessageId
 from .._base import Backend, BackendScanner
+from ._batch import append_barrier
 from ._client import new_admin, new_producer, stop_quietly
 from ._ids import KafkaMessageId
 from ._log import LogReader
@@ -38,7 +45,7 @@ from ._records import Mark
 from ._scanner import KafkaScanner
 from ._subscriptions import KafkaSubscriptionStore
 from ._topic import check_partitions, ensure_topic, topic_exists
-from ._writer import OffsetChainWriter, append_barrier
+from ._writer import OffsetChainWriter
 
 __all__ = ("KafkaBackend",)
 
@@ -110,7 +117,7 @@ class KafkaBackend(Backend):
             else:
                 await ensure_topic(admin, topic, call_limit + _PRODUCER_SLACK)
         finally:
-            await stop_quietly(admin, parsed)
+            await stop_quietly(admin)
         reader = LogReader(servers, topic, parsed)
         if read_only:
             return cls(servers, parsed, pchannel, reader, None)
@@ -118,7 +125,7 @@ class KafkaBackend(Backend):
         try:
             barrier = await append_barrier(producer, topic, parsed)
         except BaseException:
-            await stop_quietly(producer, parsed)
+            await stop_quietly(producer)
             raise
         return cls(
             servers,
@@ -188,17 +195,30 @@ class KafkaBackend(Backend):
         await writer.submit((), Mark(latest, tick))
         await _delete_records(self, offset + 1)
 
+    def begin_close(self) -> None:
+        """Start closing: appends queued or made from now on have ``close_timeout``
+        seconds to finish, and those failing retriably meanwhile fail with ``WALClosed``
+        (see ``_writer``). ``aclose`` starts it too; the WAL may call it first so that
+        its own waits for appends are bounded the same way. Idempotent."""
+        if self._writer is not None:
+            self._writer.begin_close()
+
     async def aclose(self) -> None:
+        """Close within ``close_timeout`` plus about one second (see the option): queued
+        appends finish or fail (``AppendOutcomeUnknown`` for the batch in flight at the
+        deadline, ``WALClosed`` for the rest), scanners end with ``WALClosed``, clients
+        stop. Never raises. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        for scanner in list(self._scanners):
-            await scanner.aclose()
-        if self._writer is not None:
-            await self._writer.aclose()
-        await self.reader.aclose()
+        self.begin_close()
+        closing = [scanner.aclose() for scanner in list(self._scanners)]
         if self._subscriptions is not None:
-            await self._subscriptions.aclose()
+            closing.append(self._subscriptions.aclose())
+        if self._writer is not None:
+            closing.append(self._writer.aclose())
+        await asyncio.gather(*closing, return_exceptions=True)  # none of them raises
+        await self.reader.aclose()
 
 
 async def _delete_records(backend: KafkaBackend, before: int) -> None:
@@ -217,7 +237,7 @@ async def _delete_records(backend: KafkaBackend, before: int) -> None:
             " cannot truncate"
         ) from exc
     finally:
-        await stop_quietly(admin, backend.options)
+        await stop_quietly(admin)
 
 
 def _offset_of(message_id: MessageId | None) -> int:

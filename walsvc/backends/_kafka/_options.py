@@ -9,7 +9,9 @@ from ..._errors import InvalidArgument
 
 __all__ = ("KafkaOptions", "parse_location", "parse_options")
 
-_KNOWN: Final = frozenset({"topic_prefix", "connect_timeout", "request_timeout", "max_batch_bytes"})
+_KNOWN: Final = frozenset(
+    {"topic_prefix", "connect_timeout", "request_timeout", "close_timeout", "max_batch_bytes"}
+)
 
 
 class KafkaOptions(NamedTuple):
@@ -19,6 +21,7 @@ class KafkaOptions(NamedTuple):
     connect_timeout: float = 10.0
     request_timeout: float = 30.0
     max_batch_bytes: int = 1024 * 1024
+    close_timeout: float = 5.0
 
 
 def parse_location(location: str) -> list[str]:
@@ -49,7 +52,7 @@ def parse_options(options: Mapping[str, Any]) -> KafkaOptions:
         raise InvalidArgument(
             f"topic_prefix must be at most 40 characters of [A-Za-z0-9._-], not {prefix!r}"
         )
-    for name in ("connect_timeout", "request_timeout"):
+    for name in ("connect_timeout", "request_timeout", "close_timeout"):
         value = getattr(result, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
             raise InvalidArgument(f"{name} must be in (0, 3600] seconds, not {value!r}")
@@ -57,5 +60,7 @@ def parse_options(options: Mapping[str, Any]) -> KafkaOptions:
     if type(size) is not int or not 1024 <= size <= 256 * 1024 * 1024:
         raise InvalidArgument(f"max_batch_bytes must be an int in [1 KiB, 256 MiB], not {size!r}")
     return result._replace(
-        connect_timeout=float(result.connect_timeout), request_timeout=float(result.request_timeout)
+        connect_timeout=float(result.connect_timeout),
+        request_timeout=float(result.request_timeout),
+        close_timeout=float(result.close_timeout),
     )

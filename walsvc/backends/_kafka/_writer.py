@@ -3,17 +3,31 @@
 One batch is in flight at a time; appends queued meanwhile form the next batch. Every
 record carries the offset it is expected to land at (the end after the previous acked
 batch, or after the writer's barrier); a record that landed elsewhere is invalid and no
-reader delivers it. When a batch lands elsewhere than expected, the gap is read: a
-barrier in it (a newer writer: it lies after this writer's own barrier) fences this
-writer for good (``WALFenced``); otherwise the batch failed retriably
-(``BackendUnavailable``) and the chain continues from the true end.
+reader delivers it. When a batch lands elsewhere than expected, the gap is read: a copy
+of the batch itself at the expected offset (a resend by the client) acknowledges it
+there; a barrier in it (a newer writer: it lies after this writer's own barrier) fences
+this writer for good (``WALFenced``); otherwise the batch is sent again after the true
+end (at most ``_RESENDS`` times, then the retriable ``BackendUnavailable``).
 
 A batch whose send failed without an answer (timeout, lost connection) is settled by a
 *resync*: a filler record is appended and the log read from the expected offset to the
 filler. Whatever sits at the expected offset now decides the batch for good: the batch
-itself (valid: acked late), or anything else (the batch can never become valid: not
-written). A resync that cannot finish within ``request_timeout`` leaves the batch
-``AppendOutcomeUnknown`` and is retried before the next batch.
+itself, recognised by its contents (see ``_batch``: valid, acked late), or anything else
+(the batch can never become valid: not written). A resync that cannot finish within
+``request_timeout`` leaves the batch ``AppendOutcomeUnknown``; appends queued behind it
+fail with ``BackendUnavailable`` (nothing of them was sent), and the resync is retried
+before the next batch is sent, so no batch is ever sent while an earlier one may still
+land where it expects to.
+
+A log that was replaced under the writer (the topic deleted and created again: its end
+went back, or it has more than one partition) fails the batch and every later append
+with ``WALTruncated``: the writer never acknowledges an id its own records may already
+hold in the old log.
+
+Closing (``begin_close``, then ``aclose``): appends go on for ``close_timeout`` seconds;
+while closing, an append that fails retriably fails with ``WALClosed`` instead (nothing
+written, and no retry will be). At the deadline the batch in flight fails with
+``AppendOutcomeUnknown`` and everything queued with ``WALClosed``.
 """
 
 from __future__ import annotations
@@ -29,73 +43,27 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from ..._errors import (
     AppendOutcomeUnknown,
     BackendUnavailable,
-    CorruptRecord,
     MessageTooLarge,
     WALClosed,
     WALError,
     WALFenced,
+    WALTruncated,
 )
+from ._batch import Pending, build, holds, send
 from ._client import stop_quietly
 from ._ids import KafkaMessageId
 from ._log import LogReader
 from ._options import KafkaOptions
-from ._records import (
-    BARRIER,
-    FILLER,
-    Kind,
-    Mark,
-    classify,
-    data_headers,
-    mark_record,
-    split_envelope,
-)
+from ._records import BARRIER, FILLER, Mark
 
-__all__ = ("OffsetChainWriter", "append_barrier")
+__all__ = ("OffsetChainWriter",)
 
-_RECORD_OVERHEAD: Final = 96  # Kafka record framing + walsvc headers, roughly
 _RESYNC_PAUSE: Final = 0.1
 _RESENDS: Final = 4
 
 
-class _Pending:
-    """One ``append`` call (or a mark): its records and the future of their ids."""
-
-    __slots__ = ("future", "mark", "records", "size")
-
-    def __init__(
-        self,
-        records: Sequence[bytes],
-        mark: Mark | None,
-        future: asyncio.Future[list[KafkaMessageId]],
-    ) -> None:
-        self.records = records
-        self.mark = mark
-        self.future = future
-        self.size = sum(len(r) for r in records) + _RECORD_OVERHEAD * (len(records) + 1)
-
-    @property
-    def count(self) -> int:
-        return len(self.records) + (self.mark is not None)
-
-
-async def _send(producer: Any, builder: Any, topic: str, seconds: float) -> int:
-    """Send one built batch and return its base offset. Raises ``TimeoutError`` or a
-    ``KafkaError`` if the outcome is unknown."""
-    async with asyncio.timeout(seconds):
-        future = await producer.send_batch(builder, topic, partition=0)
-        metadata = await future
-    offset: int = metadata.offset
-    return offset
-
-
-async def append_barrier(producer: Any, topic: str, options: KafkaOptions) -> int:
-    """Append a barrier record and return its offset: the new writer's term - 1."""
-    builder = BatchBuilder(16384, 0)
-    builder.append(timestamp=None, key=None, value=b"", headers=[(BARRIER, b"")])
-    try:
-        return await _send(producer, builder, topic, options.request_timeout)
-    except (TimeoutError, KafkaError) as exc:
-        raise BackendUnavailable(f"cannot append the writer's barrier to {topic}: {exc!r}") from exc
+class _Broken(Exception):
+    """Internal: the writer was fenced or its log replaced (``OffsetChainWriter.broken``)."""
 
 
 class OffsetChainWriter:
@@ -103,8 +71,8 @@ class OffsetChainWriter:
 
     __slots__ = (
         "_call_limit",
+        "_close_handle",
         "_closing",
-        "_fenced",
         "_loop",
         "_next",
         "_options",
@@ -112,8 +80,10 @@ class OffsetChainWriter:
         "_queue",
         "_reader",
         "_resync",
+        "_resync_failed",
         "_task",
         "barrier",
+        "broken",
         "topic",
     )
 
@@ -132,10 +102,14 @@ class OffsetChainWriter:
         self.topic: str = reader.topic
         self.barrier = barrier
         self._next = barrier + 1
-        self._fenced: WALFenced | None = None
+        #: ``WALFenced`` or ``WALTruncated`` (log replaced) once the writer can never
+        #: append again; every later append raises it.
+        self.broken: WALError | None = None
         self._closing = False
+        self._close_handle: asyncio.TimerHandle | None = None
         self._resync = False
-        self._queue: deque[_Pending] = deque()
+        self._resync_failed = False
+        self._queue: deque[Pending] = deque()
         self._task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -149,7 +123,7 @@ class OffsetChainWriter:
     ) -> asyncio.Future[list[KafkaMessageId]]:
         """Queue records (and/or a mark) for the next batch; the future gets their ids."""
         future: asyncio.Future[list[KafkaMessageId]] = self._loop.create_future()
-        pending = _Pending(records, mark, future)
+        pending = Pending(records, mark, future)
         if pending.size > self._call_limit:
             future.set_exception(
                 MessageTooLarge(
@@ -159,8 +133,8 @@ class OffsetChainWriter:
                     " whichever is larger); split the append_many call"
                 )
             )
-        elif self._fenced is not None:
-            future.set_exception(WALFenced(str(self._fenced)))
+        elif self.broken is not None:
+            future.set_exception(type(self.broken)(str(self.broken)))
         elif self._closing:
             future.set_exception(WALClosed(f"kafka WAL {self.topic} is closed"))
         else:
@@ -174,38 +148,55 @@ class OffsetChainWriter:
         while self._task is not None:
             await asyncio.shield(self._task)
 
-    async def aclose(self) -> None:
-        """Finish queued appends (bounded by the request timeout per batch), refuse new
-        ones, stop the producer. Idempotent."""
+    def begin_close(self) -> None:
+        """Start closing: appends queued or made from now on have ``close_timeout``
+        seconds to finish (see the module docstring). Idempotent."""
+        if self._close_handle is None and not self._closing:
+            self._close_handle = self._loop.call_later(self._options.close_timeout, self._abandon)
+
+    def _abandon(self) -> None:
         self._closing = True
+        if self._task is not None:
+            self._task.cancel()  # _drain fails the batch in flight and the queue
+        self._fail_all(WALClosed(f"kafka WAL {self.topic} was closed"))
+
+    async def aclose(self) -> None:
+        """Finish queued appends within ``close_timeout`` (``begin_close``), refuse new
+        ones, stop the producer (``_client.STOP_WITHIN`` more at most). Idempotent."""
+        self.begin_close()
         task = self._task
         if task is not None:
-            try:
-                async with asyncio.timeout(self._options.request_timeout * 2):
-                    await asyncio.shield(task)
-            except TimeoutError:
-                task.cancel()
+            await asyncio.wait({task})
+        self._closing = True
+        if self._close_handle is not None:
+            self._close_handle.cancel()
         self._fail_all(WALClosed(f"kafka WAL {self.topic} was closed"))
-        await stop_quietly(self._producer, self._options)
+        await stop_quietly(self._producer)
 
     # -- the batch loop ---------------------------------------------------------------
 
     async def _drain(self) -> None:
         try:
             while self._queue:
-                if self._fenced is not None:
-                    self._fail_all(WALFenced(str(self._fenced)))
+                if self.broken is not None:
+                    self._fail_all(self.broken)
                     return
                 if self._resync:
                     try:
-                        await self._resynchronise()
+                        await self._resynchronise(None, 0)
                     except BackendUnavailable as exc:
                         self._fail_all(BackendUnavailable(f"{exc} (nothing was sent)"))
                         return
+                    except _Broken:
+                        continue
                     continue
                 batch = self._take()
+                self._resync_failed = False
                 try:
                     await self._send_batch(batch)
+                except _Broken:
+                    assert self.broken is not None
+                    self._fail(batch, self.broken)
                 except asyncio.CancelledError:
                     self._fail(
                         batch,
@@ -217,13 +208,24 @@ class OffsetChainWriter:
                 except Exception as exc:  # never leave a future pending
                     self._fail(batch, AppendOutcomeUnknown(f"{self.topic}: {exc!r}"))
                     self._resync = True
+                if self._resync_failed and self._queue:
+                    # The broker did not answer the batch nor the resync after it: what
+                    # waited behind it fails now (retriably) instead of waiting as long.
+                    self._fail_all(
+                        BackendUnavailable(
+                            f"kafka WAL {self.topic}: the broker did not answer within"
+                            f" {self._options.request_timeout} s (request_timeout); nothing"
+                            " of this append was sent"
+                        )
+                    )
+                    return
         except asyncio.CancelledError:
             self._fail_all(WALClosed(f"kafka WAL {self.topic} was closed"))
             raise
         finally:
             self._task = None
 
-    def _take(self) -> list[_Pending]:
+    def _take(self) -> list[Pending]:
         batch = [self._queue.popleft()]
         size = batch[0].size
         limit = self._options.max_batch_bytes
@@ -233,46 +235,26 @@ class OffsetChainWriter:
             batch.append(item)
         return batch
 
-    def _build(self, batch: list[_Pending], expected: int) -> Any:
-        builder = BatchBuilder(max(16384, sum(item.size for item in batch) + 1024), 0)
-        offset = expected
-        for item in batch:
-            for envelope in item.records:
-                head, payload = split_envelope(envelope)
-                builder.append(
-                    timestamp=None, key=None, value=payload, headers=data_headers(head, offset)
-                )
-                offset += 1
-            if item.mark is not None:
-                builder.append(
-                    timestamp=None, key=None, value=b"", headers=mark_record(item.mark, offset)
-                )
-                offset += 1
-        return builder
-
-    async def _send_batch(self, batch: list[_Pending]) -> None:
-        """Send ``batch`` until it lands where expected (acked), the writer is fenced, or
-        ``_RESENDS`` attempts failed. A resend carries the same envelopes (same ticks)
+    async def _send_batch(self, batch: list[Pending]) -> None:
+        """Send ``batch`` until it is found where expected (acked), the writer is fenced,
+        or ``_RESENDS`` attempts failed. A resend carries the same envelopes (same ticks)
         and happens before any later batch, so log order stays tick order among valid
-        records; the invalid copies are dropped by every reader."""
+        records; the invalid copies are dropped by every reader. Raises ``_Broken``."""
         count = sum(item.count for item in batch)
         failure = ""
+        timeout = self._options.request_timeout
         for _ in range(_RESENDS):
             expected = self._next
             try:
-                landed = await _send(
-                    self._producer,
-                    self._build(batch, expected),
-                    self.topic,
-                    self._options.request_timeout,
-                )
+                landed = await send(self._producer, build(batch, expected), self.topic, timeout)
             except MessageSizeTooLargeError as exc:
                 self._fail(batch, MessageTooLarge(f"the broker refused the batch: {exc!r}"))
                 return
             except (TimeoutError, KafkaError) as exc:
                 try:
-                    ours = await self._resynchronise()
+                    ours = await self._resynchronise(batch, expected)
                 except BackendUnavailable as resync_error:
+                    self._resync = self._resync_failed = True
                     self._fail(
                         batch,
                         AppendOutcomeUnknown(
@@ -281,42 +263,54 @@ class OffsetChainWriter:
                         ),
                     )
                     return
-                if ours == expected:
+                if ours:
                     self._succeed(batch, expected)  # it landed after all, where expected
                     return
                 failure = f"sending failed ({exc!r}) and the batch did not land"
             else:
+                self._check_landed(expected, landed)
                 if landed == expected:
                     self._next = expected + count
                     self._succeed(batch, expected)
                     return
                 self._next = landed + count
                 try:
-                    self._check_barriers(await self._reader.read(expected, landed))
-                except WALError:
-                    self._resync = True  # the gap is unknown: check it before resending
+                    gap = await self._reader.read(expected, landed)
+                except WALError as exc:
+                    self._resync = True  # the end is known; a resync re-checks the gap
+                    self._fail(
+                        batch,
+                        AppendOutcomeUnknown(
+                            f"{self.topic}: the batch landed at offset {landed}, not at"
+                            f" {expected}, and the records between could not be read"
+                            f" ({exc}); an earlier copy of it may be at {expected}"
+                        ),
+                    )
+                    return
+                if holds(gap, expected, batch):  # a resend by the client: the first copy
+                    self._succeed(batch, expected)
+                    self._check_barriers(gap)
+                    return
+                self._check_barriers(gap)
                 failure = (
                     f"batch landed at offset {landed}, expected {expected} (an older"
                     " writer's records came between)"
                 )
-            if self._fenced is not None:
-                self._fail(batch, WALFenced(str(self._fenced)))
-                return
+            if self.broken is not None:
+                raise _Broken
             if self._resync:
                 try:
-                    await self._resynchronise()
+                    await self._resynchronise(None, 0)
                 except BackendUnavailable:
                     break
-                if self._fenced is not None:
-                    self._fail(batch, WALFenced(str(self._fenced)))
-                    return
         self._fail(batch, BackendUnavailable(f"{self.topic}: {failure}; not written, retry"))
 
-    async def _resynchronise(self) -> int | None:
-        """Append a filler, read from the expected offset to it, check for barriers, move
-        the chain to after the filler. Returns the expected offset if a valid record sits
-        there (a batch of ours that landed after all), else None. Raises
-        ``BackendUnavailable`` if that does not finish within the request timeout."""
+    async def _resynchronise(self, batch: list[Pending] | None, expected: int) -> bool:
+        """Append a filler, read from the chain's end to it, check for barriers, move the
+        chain to after the filler. Returns whether ``batch`` sits valid at ``expected``
+        (a batch of ours that landed after all). Raises ``BackendUnavailable`` if that
+        does not finish within the request timeout, ``_Broken`` if the log was replaced
+        or a newer writer's barrier was read."""
         start = self._next
         loop = self._loop
         deadline = loop.time() + self._options.request_timeout
@@ -324,44 +318,62 @@ class OffsetChainWriter:
             builder = BatchBuilder(16384, 0)
             builder.append(timestamp=None, key=None, value=b"", headers=[(FILLER, b"")])
             try:
-                filler = await _send(
+                filler = await send(
                     self._producer, builder, self.topic, max(0.05, deadline - loop.time())
                 )
+                self._check_landed(start, filler)
                 records = await self._reader.read(start, filler + 1)
                 break
+            except WALTruncated as exc:  # our own offsets are gone: not a truncation of ours
+                self._replaced(f"offset {start} is no longer in it ({exc})")
             except (TimeoutError, KafkaError, BackendUnavailable) as exc:
                 if loop.time() >= deadline:
                     raise BackendUnavailable(
-                        f"{self.topic}: cannot resynchronise: {exc!r}"
+                        f"{self.topic}: cannot resynchronise within"
+                        f" {self._options.request_timeout} s (request_timeout): {exc!r}"
                     ) from exc
                 await asyncio.sleep(_RESYNC_PAUSE)
         self._resync = False
         self._next = filler + 1
+        ours = batch is not None and holds(records, expected, batch)
+        if ours:
+            assert batch is not None
+            self._succeed(batch, expected)
         self._check_barriers(records)
-        if records and records[0].offset == start:
-            try:
-                kind, _ = classify(start, records[0].headers)
-            except CorruptRecord:
-                return None  # not a walsvc record, so not ours
-            if kind in (Kind.DATA, Kind.MARK):
-                return start
-        return None
+        return ours
+
+    def _check_landed(self, expected: int, landed: int) -> None:
+        """Raise ``_Broken`` if a record expected at ``expected`` landed before it, or the
+        producer sees the topic with other than one partition: the log was replaced."""
+        if landed < expected:
+            self._replaced(f"a record expected at offset {expected} landed at {landed}")
+        partitions = self._producer.client.cluster.partitions_for_topic(self.topic)
+        if partitions is not None and len(partitions) != 1:
+            self._replaced(f"it now has {len(partitions)} partitions")
+
+    def _replaced(self, detail: str) -> None:
+        self.broken = WALTruncated(
+            f"kafka WAL {self.topic} was deleted or replaced under its writer ({detail}):"
+            " this writer appends no more; reopen the WAL"
+        )
+        self._fail_all(self.broken)
+        raise _Broken
 
     def _check_barriers(self, records: Sequence[Any]) -> None:
         for record in records:
             if record.offset > self.barrier and any(k == BARRIER for k, _ in record.headers):
-                self._fenced = WALFenced(
+                self.broken = WALFenced(
                     f"kafka WAL {self.topic}: the writer with barrier {self.barrier} (term"
                     f" {self.barrier + 1}) was fenced by a newer writer (barrier at offset"
                     f" {record.offset}, term {record.offset + 1})"
                 )
-                self._fail_all(self._fenced)
-                return
+                self._fail_all(self.broken)
+                raise _Broken
 
     # -- settling futures -------------------------------------------------------------
 
     @staticmethod
-    def _succeed(batch: list[_Pending], first: int) -> None:
+    def _succeed(batch: list[Pending], first: int) -> None:
         offset = first
         for item in batch:
             ids = [KafkaMessageId(offset + i) for i in range(len(item.records))]
@@ -369,8 +381,9 @@ class OffsetChainWriter:
             if not item.future.done():
                 item.future.set_result(ids)
 
-    @staticmethod
-    def _fail(batch: Sequence[_Pending], error: WALError) -> None:
+    def _fail(self, batch: Sequence[Pending], error: WALError) -> None:
+        if error.retriable and self._close_handle is not None:
+            error = WALClosed(f"kafka WAL {self.topic} is closing: {error}")
         for item in batch:
             if not item.future.done():
                 item.future.set_exception(type(error)(str(error)))
