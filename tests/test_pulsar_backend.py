@@ -665,7 +665,7 @@ class _SlowAcks:
 async def test_a_group_slow_to_be_acknowledged_is_logged(
     broker: PulsarLite, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(walsvc.backends._pulsar._writer, "SLOW_ACKS", 0.1)
+    monkeypatch.setattr(walsvc.backends._pulsar._sender, "SLOW_ACKS", 0.1)
     async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
         writer = backend_of(wal)._writer
         assert writer is not None

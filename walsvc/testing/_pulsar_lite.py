@@ -6,8 +6,9 @@ experiments.
 with its own data directory and metrics turned off (so brokers started side by side never
 clash), and returns once the port accepts connections. ``PulsarLite.stop()`` stops it by
 its pid; ``restart()`` stops it and starts it again on the same port and data directory,
-so what was stored survives. ``close()`` stops it and removes a data directory that
-``start_pulsar_lite`` created itself. Open a WAL on it with
+so what was stored survives; ``pause()``/``resume()`` freeze and thaw it (SIGSTOP and
+SIGCONT: connections stay open, nothing is answered). ``close()`` stops it and removes
+a data directory that ``start_pulsar_lite`` created itself. Open a WAL on it with
 ``walsvc.open_wal(broker.url, pchannel)``.
 """
 
@@ -79,6 +80,7 @@ class PulsarLite:
         self._owns_workdir = owns_workdir
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr_path = workdir / "stderr.log"
+        self.paused = False
 
     def start(self, ready_within: float = _READY_WITHIN) -> None:
         """Start the broker and wait until its port accepts connections. Raises
@@ -119,9 +121,25 @@ class PulsarLite:
             f" {ready_within} s (exit code {code}); stderr:\n{self.stderr()}"
         )
 
+    def pause(self) -> None:
+        """Freeze the running broker (SIGSTOP): connections stay open, nothing is
+        answered."""
+        if self._process is None:
+            raise RuntimeError("broker not running")
+        os.kill(self._process.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """Let a paused broker run again (SIGCONT). Idempotent."""
+        if self._process is not None and self.paused:
+            os.kill(self._process.pid, signal.SIGCONT)
+        self.paused = False
+
     def stop(self) -> None:
-        """Stop the broker by its pid: SIGTERM, then SIGKILL after 5 s. The data
-        directory stays (``start()`` again finds the data). Idempotent."""
+        """Stop the broker by its pid: SIGTERM, then SIGKILL after 5 s (a paused broker
+        is resumed first). The data directory stays (``start()`` again finds the data).
+        Idempotent."""
+        self.resume()
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return

@@ -15,6 +15,15 @@ a writer that finds a newer barrier in between raises ``WALFenced`` forever.
 Durable subscriptions: the topic ``{topic_prefix}_sub.{pchannel}``, one message per save,
 keyed by the subscription name (see ``_subscriptions``).
 
+Options (keywords of ``walsvc.open_wal``): ``topic_prefix``; ``connect_timeout`` (seconds,
+default 10: reaching the broker and creating the producer); ``operation_timeout``
+(seconds, default 30: every operation, and a send's acknowledgement, which is waited for
+5 s longer); ``batching_max_messages`` and ``batching_max_publish_delay_ms`` (the
+producer's batching); ``close_timeout`` (seconds, default 5): how long ``aclose`` (or the
+close ``begin_close`` starts) lets queued appends finish, after which the group in
+flight fails with ``AppendOutcomeUnknown`` and the rest with ``WALClosed``; readers,
+producer and client then close within about two seconds more. ``aclose`` never raises.
+
 Truncation is not supported (pulsar-client has no admin API, and Pulsar Lite serves none):
 ``truncate`` raises ``InvalidArgument`` without changing the log.
 """
@@ -35,7 +44,7 @@ from ..._ids import MessageId
 from .._base import Backend, BackendScanner
 from ._client import PULSAR_ERRORS, Options, call_async, connect, parse_options, translate
 from ._ids import PulsarMessageId
-from ._log import TailTracker, close_quietly
+from ._log import STOP_WITHIN, TailTracker, close_quietly
 from ._records import BARRIER, term_of_barrier
 from ._scanner import PulsarScanner
 from ._subscriptions import PulsarSubscriptionStore
@@ -176,19 +185,31 @@ class PulsarBackend(Backend):
         if self._closed:
             raise WALClosed(f"pulsar WAL of {self.topic} is closed")
 
+    def begin_close(self) -> None:
+        """Start closing: appends queued or made from now on have ``close_timeout``
+        seconds to finish, and those failing retriably meanwhile fail with ``WALClosed``
+        (see ``GroupWriter.begin_close``). ``aclose`` starts it too; the WAL may call it
+        first so that its own waits for appends are bounded the same way. Idempotent."""
+        if self._writer is not None:
+            self._writer.begin_close(self.options.close_timeout)
+
     async def aclose(self) -> None:
+        """Close within ``close_timeout`` plus about two seconds (see the options): queued
+        appends finish or fail, scanners end with ``WALClosed``, the producer and client
+        close. Never raises. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        for scanner in list(self._scanners):
-            await scanner.aclose()
-        if self._writer is not None:
-            await self._writer.aclose()
+        self.begin_close()
         await self._tracker.aclose()
+        closing = [scanner.aclose() for scanner in list(self._scanners)]
         if self._subscriptions is not None:
-            await self._subscriptions.aclose()
+            closing.append(self._subscriptions.aclose())
+        if self._writer is not None:
+            closing.append(self._writer.aclose(self.options.close_timeout))
+        await asyncio.gather(*closing, return_exceptions=True)  # none of them raises
         if self._producer is not None:
-            await close_quietly(self._producer, self.options.operation_timeout)
+            await close_quietly(self._producer, STOP_WITHIN)
         await _close_client(self.client)
 
 
@@ -248,8 +269,10 @@ async def _send_barrier(producer: pulsar_asyncio.Producer) -> PulsarMessageId:
 
 
 async def _close_client(client: pulsar_asyncio.Client) -> None:
+    """Close the client within ``STOP_WITHIN``, else shut it down (its connections and
+    threads end without a word to the broker)."""
     try:
-        async with asyncio.timeout(5.0):
+        async with asyncio.timeout(STOP_WITHIN):
             await client.close()
     except (TimeoutError, *PULSAR_ERRORS):
         try:

@@ -20,6 +20,7 @@ from pulsar import _pulsar
 
 from ..._errors import (
     BackendUnavailable,
+    CorruptRecord,
     InvalidArgument,
     MessageTooLarge,
     WALClosed,
@@ -35,7 +36,9 @@ __all__ = (
     "connect",
     "parse_options",
     "pulsar_id",
+    "result_name",
     "translate",
+    "translate_result",
 )
 
 #: Every exception pulsar-client raises (its C++ errors and the asyncio wrapper's).
@@ -53,6 +56,7 @@ _KNOWN: Final = frozenset(
         "topic_prefix",
         "connect_timeout",
         "operation_timeout",
+        "close_timeout",
         "batching_max_messages",
         "batching_max_publish_delay_ms",
     }
@@ -68,6 +72,7 @@ class Options(NamedTuple):
     operation_timeout: float = 30.0
     batching_max_messages: int = 1000
     batching_max_publish_delay_ms: int = 10
+    close_timeout: float = 5.0
 
 
 def parse_options(options: Mapping[str, Any]) -> Options:
@@ -82,7 +87,7 @@ def parse_options(options: Mapping[str, Any]) -> Options:
             f"topic_prefix must be a str like 'persistent://tenant/namespace/prefix.', not"
             f" {parsed.topic_prefix!r}"
         )
-    for name in ("connect_timeout", "operation_timeout"):
+    for name in ("connect_timeout", "operation_timeout", "close_timeout"):
         value = getattr(parsed, name)
         if (
             isinstance(value, bool)
@@ -98,6 +103,7 @@ def parse_options(options: Mapping[str, Any]) -> Options:
     return parsed._replace(
         connect_timeout=float(parsed.connect_timeout),
         operation_timeout=float(parsed.operation_timeout),
+        close_timeout=float(parsed.close_timeout),
     )
 
 
@@ -130,51 +136,115 @@ def pulsar_id(message_id: PulsarMessageId) -> pulsar.MessageId:
     )
 
 
+#: The C++ client's result codes (``pulsar/Result.h`` of the libpulsar pulsar-client 3.13
+#: bundles) that the Python enum ``pulsar.Result`` does not name: a result with such a code
+#: shows as ``Result.???``.
+_UNNAMED_RESULTS: Final = {-1: "Retryable", 46: "Disconnected"}
+
+#: Result names -> the walsvc error for them. Every code the client can give is here; a
+#: test holds this table to ``pulsar.Result``'s members.
+_ERRORS: Final[dict[str, type[WALError]]] = {
+    # transient: the broker, the connection or a limit; nothing was done, try again
+    **dict.fromkeys(
+        (
+            "Retryable",
+            "UnknownError",  # also Pulsar Lite's answer for the last id of an empty topic
+            "Timeout",
+            "LookupError",
+            "ConnectError",
+            "ReadError",
+            "BrokerMetadataError",
+            "BrokerPersistenceError",
+            "ConsumerBusy",
+            "NotConnected",
+            "ConsumerNotInitialized",
+            "ProducerNotInitialized",
+            "TooManyLookupRequestException",
+            "ServiceUnitNotReady",
+            "ProducerBlockedQuotaExceededError",
+            "ProducerBlockedQuotaExceededException",
+            "ProducerQueueIsFull",
+            "TopicNotFound",
+            "SubscriptionNotFound",
+            "ConsumerNotFound",
+            "ConsumerAssignError",
+            "MemoryBufferIsFull",
+            "Interrupted",
+            "Disconnected",
+        ),
+        BackendUnavailable,
+    ),
+    "ProducerFenced": WALFenced,
+    "ProducerBusy": WALFenced,  # another exclusive producer holds the topic
+    "AlreadyClosed": WALClosed,
+    "MessageTooBig": MessageTooLarge,
+    "ChecksumError": CorruptRecord,
+    "CryptoError": CorruptRecord,
+    "InvalidConfiguration": InvalidArgument,
+    "InvalidTopicName": InvalidArgument,
+    "InvalidUrl": InvalidArgument,
+    "IncompatibleSchema": InvalidArgument,
+    "CumulativeAcknowledgementNotAllowedError": InvalidArgument,
+    # refused for good: retrying the same call cannot succeed
+    **dict.fromkeys(
+        (
+            "AuthenticationError",
+            "AuthorizationError",
+            "ErrorGettingAuthenticationData",
+            "InvalidMessage",
+            "OperationNotSupported",
+            "UnsupportedVersionError",
+            "TopicTerminated",
+            "TransactionCoordinatorNotFoundError",
+            "InvalidTxnStatusError",
+            "NotAllowedError",
+            "TransactionConflict",
+            "TransactionNotFound",
+        ),
+        WALError,
+    ),
+}
+
+
+def result_name(result: Any) -> str:
+    """The name of a pulsar-client result (``pulsar.Result``, or its code as an int),
+    also for the codes the Python enum does not name; ``"Result<N>"`` for a code this
+    client version does not know."""
+    code = int(result)
+    name = _UNNAMED_RESULTS.get(code)
+    if name is not None:
+        return name
+    try:
+        named: str = pulsar.Result(code).name
+    except ValueError:
+        return f"Result<{code}>"
+    return named if named.isidentifier() else f"Result<{code}>"
+
+
 def _result_of(exc: BaseException) -> Any:
-    if isinstance(exc, pulsar_asyncio.PulsarException):
-        return exc.error()
-    name = type(exc).__name__
-    return getattr(pulsar.Result, name, pulsar.Result.UnknownError)
+    """The result of a synchronous call's exception: its class is named for it."""
+    result = getattr(pulsar.Result, type(exc).__name__, None)
+    return pulsar.Result.UnknownError if result is None else result
 
 
-_UNAVAILABLE: Final = frozenset(
-    {
-        "Timeout",
-        "LookupError",
-        "ConnectError",
-        "ReadError",
-        "NotConnected",
-        "ServiceUnitNotReady",
-        "TooManyLookupRequestException",
-        "ProducerQueueIsFull",
-        "MemoryBufferIsFull",
-        "BrokerMetadataError",
-        "BrokerPersistenceError",
-        "ProducerBlockedQuotaExceededError",
-        "ProducerBlockedQuotaExceededException",
-        "TopicNotFound",
-        "UnknownError",
-        "ProducerNotInitialized",
-        "ConsumerNotInitialized",
-        "Interrupted",
-    }
-)
+def translate_result(result: Any, what: str) -> WALError:
+    """The walsvc error for a failed pulsar-client ``result`` of doing ``what``: see
+    ``_ERRORS``; an unknown code is a ``BackendUnavailable`` naming it."""
+    name = result_name(result)
+    error = _ERRORS.get(name)
+    text = f"{what}: Pulsar result {name} ({int(result)})"
+    if error is None:
+        return BackendUnavailable(f"{text}, which this walsvc does not know")
+    return error(text)
 
 
 def translate(exc: BaseException, what: str) -> WALError:
     """The walsvc error for a pulsar-client exception raised while doing ``what``."""
-    result = _result_of(exc)
-    name = getattr(result, "name", str(result))
-    text = f"{what}: {exc}"
-    if name == "ProducerFenced" or name == "ProducerBusy":
-        return WALFenced(text)
-    if name == "AlreadyClosed":
-        return WALClosed(text)
-    if name == "MessageTooBig":
-        return MessageTooLarge(text)
-    if name in _UNAVAILABLE:
-        return BackendUnavailable(text)
-    return BackendUnavailable(f"{text} (unexpected Pulsar result {name})")
+    if isinstance(exc, pulsar_asyncio.PulsarException):
+        return translate_result(exc.error(), what)
+    if isinstance(exc, _pulsar.PulsarException):
+        return translate_result(_result_of(exc), f"{what} ({exc})")
+    return BackendUnavailable(f"{what}: {exc!r}")
 
 
 def raise_translated(exc: BaseException, what: str) -> NoReturn:

@@ -29,6 +29,7 @@ __all__ = (
     "ForwardRead",
     "TailTracker",
     "behind",
+    "close_bound",
     "create_reader",
     "last_entry",
     "read_links",
@@ -39,6 +40,10 @@ __all__ = (
 STALL: Final = 5.0
 #: Entries the first tail read reads back from the last one (then 8x, 64x, ...).
 WINDOW: Final = 16
+#: Seconds a reader, consumer or producer may take to close once its user is being
+#: cancelled or the backend closes (a broker that does not answer would hold a close for
+#: the operation timeout).
+STOP_WITHIN: Final = 1.0
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 
@@ -125,8 +130,19 @@ async def read_links(reader: OrderedReader, *, lenient: bool = False) -> list[Li
     return links
 
 
+def close_bound(seconds: float) -> float:
+    """``seconds``, or ``STOP_WITHIN`` if it is shorter and the running task is being
+    cancelled (the close then happens on the way out)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        return min(seconds, STOP_WITHIN)
+    return seconds
+
+
 async def close_quietly(resource: Any, seconds: float) -> None:
-    """Close a reader, consumer or producer, ignoring errors; bounded by ``seconds``."""
+    """Close a reader, consumer or producer, ignoring errors; bounded by ``seconds``
+    (by ``STOP_WITHIN`` when the caller is being cancelled)."""
+    seconds = close_bound(seconds)
     try:
         async with asyncio.timeout(seconds):
             await resource.close()
@@ -161,8 +177,9 @@ async def last_entry(
         return None  # Pulsar Lite answers UnknownError for a topic with no entry
     finally:
         try:
-            await consumer.unsubscribe()
-        except PULSAR_ERRORS:
+            async with asyncio.timeout(close_bound(close_within)):
+                await consumer.unsubscribe()
+        except (TimeoutError, *PULSAR_ERRORS):
             pass
         await close_quietly(consumer, close_within)
     if last.entry_id() < 0 or last.ledger_id() < 0:
@@ -326,6 +343,6 @@ class TailTracker:
             self.scanned = link.id
 
     async def aclose(self) -> None:
-        """Refuse further refreshes. Idempotent."""
-        async with self._lock:
-            self._closed = True
+        """Refuse further refreshes (one in progress finishes within its own bound).
+        Idempotent."""
+        self._closed = True

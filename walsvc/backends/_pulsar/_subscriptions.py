@@ -39,6 +39,7 @@ consumer sharing that connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any, Final, final
 
 from ..._deliver import Checkpoint
@@ -51,7 +52,7 @@ from ..._subscriptions import (
 )
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId
-from ._log import EARLIEST, STALL, close_quietly, create_reader, last_entry
+from ._log import EARLIEST, STALL, STOP_WITHIN, close_quietly, create_reader, last_entry
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
@@ -110,10 +111,12 @@ class PulsarSubscriptionStore(SubscriptionStore):
     async def aclose(self) -> None:
         """Stop the store's producer; later calls raise ``WALClosed``. Idempotent."""
         self._closed = True
-        async with self._busy:  # after the call in flight, if any
-            producer, self._producer = self._producer, None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_WITHIN), self._busy:
+                pass  # after the call in flight, if it ends soon
+        producer, self._producer = self._producer, None
         if producer is not None:
-            await close_quietly(producer, self._timeout)
+            await close_quietly(producer, STOP_WITHIN)
 
     # -- SubscriptionStore --------------------------------------------------------------
 

@@ -14,6 +14,13 @@ in one ledger). When that fails it reads the log from its previous message:
   reader; it is sent again after the true end (at most ``_RESENDS`` times, then the
   appends fail with the retriable ``BackendUnavailable``).
 
+A message the client refuses as larger than the broker's maximum message size
+(``MessageTooBig``; within the WAL's ``max_message_size`` but over the broker's) fails
+its append with ``MessageTooLarge`` at once; the other appends of its group are sent
+again as the next group (what was sent of this one is a partial group: never valid).
+
+Closing (``begin_close``, then ``aclose``): see ``begin_close``.
+
 A group whose sends failed is resolved by reading the log: found whole and valid ->
 acknowledged with the ids found; not found -> sealed (below), then sent again (the
 appends fail with ``BackendUnavailable`` if the producer lost its broker); the log
@@ -37,29 +44,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final
-
-from pulsar import _pulsar
 
 from ..._errors import (
     AppendOutcomeUnknown,
     BackendUnavailable,
+    MessageTooLarge,
     WALClosed,
     WALError,
     WALFenced,
 )
-from ._client import PULSAR_ERRORS, GroupAcks, translate
+from ._client import PULSAR_ERRORS
 from ._ids import PulsarMessageId
 from ._log import ForwardRead, last_entry
-from ._records import ChainValidator, Link, data_properties, split_envelope
-
-#: The marker property of a seal (readers drop seals by the chain rule, not by it).
-SEAL: Final = "walsvc.seal"
-# A seal's envelope part: 36 zero bytes, a header with empty vchannel and ext sections
-# and timetick 0 (tail trackers read the timetick of every data message).
-_SEAL_HEAD: Final = "\0" * 36
+from ._records import ChainValidator, Link
+from ._sender import Fenced, TooBig, contiguous, send_group, send_seal
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
@@ -67,15 +67,7 @@ if TYPE_CHECKING:
 __all__ = ("GroupWriter",)
 
 _RESENDS: Final = 3
-#: A group whose sends are not all acknowledged after this many seconds is logged as a
-#: warning (the wait goes on to the operation timeout): a broker that stopped answering.
-SLOW_ACKS: Final = 5.0
-_log = logging.getLogger("walsvc.pulsar")
 _GROUP_RECORDS: Final = 8192
-
-
-class _Fenced(Exception):
-    """Internal: a newer writer's barrier lies between this writer's messages."""
 
 
 @final
@@ -107,6 +99,7 @@ class GroupWriter:
         self.closed = False
         self.resolved_by_reading = 0
         self._reads = ForwardRead(client, topic, timeout)
+        self._close_handle: asyncio.TimerHandle | None = None
         self.resent = 0
         #: Seals acked directly after the end they sealed.
         self.sealed = 0
@@ -140,12 +133,32 @@ class GroupWriter:
             self._error = self._fenced_error()
             raise self._error
 
-    async def aclose(self) -> None:
-        """Finish what is queued, then stop. Idempotent."""
+    def begin_close(self, seconds: float) -> None:
+        """Start closing: what is queued or appended from now on has ``seconds`` to
+        finish; meanwhile an append that fails retriably fails with ``WALClosed``
+        (nothing written, and no retry will be). At the deadline the group in flight
+        fails with ``AppendOutcomeUnknown`` and the queue with ``WALClosed``.
+        Idempotent."""
+        if self._close_handle is None and not self.closed:
+            self._close_handle = asyncio.get_running_loop().call_later(seconds, self._abandon)
+
+    def _abandon(self) -> None:
         self.closed = True
+        if self._task is not None:
+            self._task.cancel()  # _commit fails the group in flight, _drain the queue
+        self._fail_queue(WALClosed(f"pulsar WAL of {self._topic} was closed"))
+
+    async def aclose(self, seconds: float) -> None:
+        """Finish what is queued within ``seconds`` (``begin_close``), then refuse new
+        appends. Idempotent."""
+        self.begin_close(seconds)
         task = self._task
         if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait({task})
+        self.closed = True
+        if self._close_handle is not None:
+            self._close_handle.cancel()
+        self._fail_queue(WALClosed(f"pulsar WAL of {self._topic} was closed"))
 
     # -- the group loop -------------------------------------------------------------------
 
@@ -153,6 +166,9 @@ class GroupWriter:
         try:
             while self._queue:
                 await self._commit(self._take_group())
+        except asyncio.CancelledError:
+            self._fail_queue(WALClosed(f"pulsar WAL of {self._topic} was closed"))
+            raise
         finally:
             self._task = None
 
@@ -178,14 +194,23 @@ class GroupWriter:
             if self._error is not None:
                 raise self._error
             ids = await self._append_group(records)
-        except _Fenced:
+        except TooBig as exc:
+            self._refuse_too_big(group, exc.indexes)
+            return
+        except Fenced:
             self._error = self._fenced_error()
             self._fail(group, self._error)
-            for _, future in self._queue:
-                if not future.done():
-                    future.set_exception(self._error)
-            self._queue = []
+            self._fail_queue(self._error)
             return
+        except asyncio.CancelledError:
+            self.end = None
+            self._fail(
+                group,
+                AppendOutcomeUnknown(
+                    f"pulsar WAL of {self._topic} was closed while a group was in flight"
+                ),
+            )
+            raise
         except WALError as exc:
             if isinstance(exc, WALFenced):
                 self._error = exc
@@ -203,18 +228,52 @@ class GroupWriter:
                 future.set_result(ids[offset : offset + len(part)])
             offset += len(part)
 
+    def _refuse_too_big(
+        self,
+        group: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]],
+        indexes: frozenset[int],
+    ) -> None:
+        """The appends holding a message the broker refused as too big fail with
+        ``MessageTooLarge``; the others go first in the queue, to be sent again as the
+        next group (the members sent of this one form a partial group: invalid for
+        every reader, and the writer reads the log's end before the next group)."""
+        self.end = None
+        kept: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]] = []
+        first = 0
+        for records, future in group:
+            if any(first <= index < first + len(records) for index in indexes):
+                if not future.done():
+                    future.set_exception(
+                        MessageTooLarge(
+                            f"pulsar WAL of {self._topic}: the broker refused a message of"
+                            " this append as larger than its maximum message size"
+                            " (MessageTooBig); nothing of the append was written"
+                        )
+                    )
+            else:
+                kept.append((records, future))
+            first += len(records)
+        self._queue = kept + self._queue
+
     def _fenced_error(self) -> WALFenced:
         return WALFenced(
             f"pulsar WAL of {self._topic}: term {self._term} was fenced by a newer writer"
         )
 
-    @staticmethod
     def _fail(
-        group: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]], exc: BaseException
+        self,
+        group: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]],
+        exc: WALError,
     ) -> None:
+        if exc.retriable and self._close_handle is not None:
+            exc = WALClosed(f"pulsar WAL of {self._topic} is closing: {exc}")
         for _, future in group:
             if not future.done():
                 future.set_exception(exc)
+
+    def _fail_queue(self, exc: WALError) -> None:
+        queued, self._queue = self._queue, []
+        self._fail(queued, exc)
 
     async def _append_group(self, records: list[bytes]) -> list[PulsarMessageId]:
         for _attempt in range(_RESENDS):
@@ -226,8 +285,8 @@ class GroupWriter:
                 self.end = await self._read_end()
             prev = self.end
             group = f"{self._term}.{next(self._seq)}"
-            ids = await self._send(records, prev, group)
-            if ids is not None and _contiguous(prev, ids):
+            ids = await send_group(self._producer, self._topic, records, prev, group, self._timeout)
+            if ids is not None and contiguous(prev, ids):
                 self.end = self._good = ids[-1]
                 return ids
             last_needed = ids[-1] if ids else None
@@ -245,77 +304,21 @@ class GroupWriter:
             f" this writer's groups ({_RESENDS} attempts)"
         )
 
-    async def _send(
-        self, records: list[bytes], prev: PulsarMessageId, group: str
-    ) -> list[PulsarMessageId] | None:
-        """Send one group; its ids, or None if any send failed (``_resolve`` decides)."""
-        prev_text = prev.marshal()
-        count = len(records)
-        acks = GroupAcks(count)
-        producer = self._producer._producer
-        try:
-            for index, record in enumerate(records):
-                head, payload = split_envelope(record)
-                builder = _pulsar.MessageBuilder()
-                builder.content(payload)
-                for key, value in data_properties(head, prev_text, group, index, count).items():
-                    builder.property(key, value)
-                producer.send_async(builder.build(), acks.callback(index))
-            producer.flush_async(lambda result: None)
-        except PULSAR_ERRORS as exc:
-            raise translate(exc, f"sending to {self._topic} failed") from exc
-        try:
-            async with asyncio.timeout(self._timeout + 5):
-                await self._wait_for_acks(acks, group, count)
-        except TimeoutError:
-            return None
-        ids: list[PulsarMessageId] = []
-        for result, message_id in acks.results:
-            if result != _pulsar.Result.Ok:
-                if getattr(result, "name", "") == "ProducerFenced":
-                    raise _Fenced
-                if getattr(result, "name", "") == "MessageTooBig":
-                    raise translate(_pulsar.PulsarException(str(result)), "sending") from None
-                return None
-            ids.append(PulsarMessageId.of(message_id))
-        return ids
-
-    async def _wait_for_acks(self, acks: GroupAcks, group: str, count: int) -> None:
-        """Until every send of ``group`` has its result; a warning if that takes more
-        than ``SLOW_ACKS`` seconds."""
-        watch = asyncio.get_running_loop().call_later(
-            SLOW_ACKS, self._warn_slow_acks, acks, group, count
-        )
-        try:
-            await acks.wait()
-        finally:
-            watch.cancel()
-
-    def _warn_slow_acks(self, acks: GroupAcks, group: str, count: int) -> None:
-        _log.warning(
-            "pulsar WAL of %s: %d of the %d sends of group %s not acknowledged after"
-            " %.1f s (waiting up to %.1f s in all)",
-            self._topic,
-            acks.pending(),
-            count,
-            group,
-            SLOW_ACKS,
-            self._timeout + 5,
-        )
-
     async def _seal(
         self, prev: PulsarMessageId, group: str, count: int
     ) -> list[PulsarMessageId] | None:
         """Make sure the failed ``group`` (after ``prev``; ``_resolve`` did not find it)
         can never become valid: None once a seal is acked directly after the end read;
         the group's ids if it turns out to have landed valid meanwhile.
-        ``AppendOutcomeUnknown`` if neither can be made sure of; ``_Fenced``."""
+        ``AppendOutcomeUnknown`` if neither can be made sure of; ``Fenced``."""
         for _attempt in range(_RESENDS):
             end = self.end
             if end is None:  # unreachable: _resolve read at least ``prev``
                 break
-            seal = await self._send_seal(end)
-            if seal is not None and _contiguous(end, [seal]):
+            seal = await send_seal(
+                self._producer, end, f"{self._term}.s{next(self._seq)}", self._timeout
+            )
+            if seal is not None and contiguous(end, [seal]):
                 self.end = self._good = seal
                 self.sealed += 1
                 return None
@@ -330,33 +333,9 @@ class GroupWriter:
             " seal the log after it, so it may still land"
         )
 
-    async def _send_seal(self, end: PulsarMessageId) -> PulsarMessageId | None:
-        """Append a seal naming ``end`` as its predecessor; its id, or None if it failed."""
-        builder = _pulsar.MessageBuilder()
-        builder.content(b"")
-        seq = next(self._seq)
-        properties = data_properties(_SEAL_HEAD, end.marshal(), f"{self._term}.s{seq}", 0, 2)
-        for key, value in {**properties, SEAL: "1"}.items():
-            builder.property(key, value)
-        acks = GroupAcks(1)
-        producer = self._producer._producer
-        try:
-            producer.send_async(builder.build(), acks.callback(0))
-            producer.flush_async(lambda result: None)
-            async with asyncio.timeout(self._timeout + 5):
-                await acks.wait()
-        except (TimeoutError, *PULSAR_ERRORS):
-            return None
-        result, message_id = acks.results[0]
-        if result != _pulsar.Result.Ok:
-            if getattr(result, "name", "") == "ProducerFenced":
-                raise _Fenced
-            return None
-        return PulsarMessageId.of(message_id)
-
     async def _read_end(self) -> PulsarMessageId:
         """The id of the last message in the log, read from the last message this writer
-        knows is there (when the writer lost track); ``_Fenced`` if a newer writer's
+        knows is there (when the writer lost track); ``Fenced`` if a newer writer's
         barrier is among what it read."""
         end = self._good
         fenced = False
@@ -376,7 +355,7 @@ class GroupWriter:
                 f"reading the end of {self._topic} took longer than {self._timeout} s"
             ) from None
         if fenced:
-            raise _Fenced
+            raise Fenced
         return end
 
     async def _resolve(
@@ -391,7 +370,7 @@ class GroupWriter:
         """Read the log from ``prev`` (at least to ``last_needed``, else to the last entry
         the broker reports, then on while more is available): the ids of this group if
         it landed valid, None if it did not (``self.end`` moves to the true end);
-        ``_Fenced`` if a newer barrier lies between. If the log cannot be read:
+        ``Fenced`` if a newer barrier lies between. If the log cannot be read:
         ``AppendOutcomeUnknown`` with ``unknown_if_unreadable`` (some send of the group
         failed), else ``BackendUnavailable``."""
         self.resolved_by_reading += 1
@@ -428,21 +407,5 @@ class GroupWriter:
                 self._error = self._fenced_error()
             return mine
         if fenced:
-            raise _Fenced
+            raise Fenced
         return None
-
-
-def _contiguous(prev: PulsarMessageId, ids: list[PulsarMessageId]) -> bool:
-    """True if ``ids`` follow ``prev`` with nothing in between (common case only: one
-    ledger; entries +1; batch indexes +1 inside an entry)."""
-    before = prev
-    for index, current in enumerate(ids):
-        if current.ledger != before.ledger:
-            return False
-        if current.entry == before.entry:
-            if index == 0 or current.batch != before.batch + 1:
-                return False
-        elif current.entry != before.entry + 1 or current.batch > 0:
-            return False
-        before = current
-    return True

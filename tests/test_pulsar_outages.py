@@ -1,0 +1,151 @@
+"""The ``pulsar://`` backend when the broker refuses a message or stops answering (Pulsar
+Lite paused with SIGSTOP; see _pulsar_lite.py), and the translation of every result code
+of pulsar-client. Timeouts here only guard against hangs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+import pytest
+from _pulsar_lite import HANG, PulsarLite, backend_of, broker, data, own_broker, pchannel
+from pulsar import _pulsar
+
+import walsvc
+from walsvc import DeliverPolicy, Message, MessageType
+from walsvc.backends._pulsar._client import translate
+
+__all__ = ("broker", "own_broker")
+
+
+def translate_result(code: int, what: str) -> walsvc.WALError:
+    """What the backend raises for a failed call that reported result ``code``."""
+    return translate(pulsar_asyncio.PulsarException(_pulsar.Result(code)), what)
+
+
+async def settle(calls: list[asyncio.Future[walsvc.AppendResult]]) -> list[object]:
+    return await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def test_a_message_over_the_brokers_limit_is_refused_at_once(broker: PulsarLite) -> None:
+    """A message within the WAL's max_message_size but over the broker's own limit (Pulsar
+    Lite: 5 MiB) raises MessageTooLarge, not a retriable BackendUnavailable after 30 s of
+    retries (Result.MessageTooBig was translated as an unknown result); the appends sent
+    in the same group are acknowledged, and a reader sees exactly those."""
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, max_message_size=64 << 20) as wal:
+        calls = [asyncio.ensure_future(wal.append(data("small", i))) for i in range(5)]
+        calls.append(
+            asyncio.ensure_future(wal.append(Message(payload=bytes(6 << 20), vchannel="v")))
+        )
+        calls += [asyncio.ensure_future(wal.append(data("small", i))) for i in range(5, 10)]
+        async with asyncio.timeout(HANG):
+            results = await settle(calls)
+        big = results.pop(5)
+        assert isinstance(big, walsvc.MessageTooLarge), big
+        assert "MessageTooBig" in str(big)
+        assert all(isinstance(r, walsvc.AppendResult) for r in results), results
+        acked = {f"small:{i}": r.message_id for i, r in enumerate(results)}  # type: ignore[union-attr]
+        after = await wal.append(data("after", 0))
+    got: dict[str, list[walsvc.MessageId]] = {}
+    async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+        async with (
+            asyncio.timeout(HANG),
+            reader.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner,
+        ):
+            async for message in scanner:
+                if message.type is MessageType.INSERT:
+                    assert len(message.payload) < 1 << 20
+                    got.setdefault(message.properties["n"], []).append(message.message_id)
+                if message.message_id >= after.message_id:
+                    break
+    assert got.pop("after:0") == [after.message_id]
+    assert got == {label: [at] for label, at in acked.items()}
+
+
+@pytest.mark.parametrize("code", [*(int(r) for r in pulsar.Result.__members__.values()), -1, 46])
+def test_every_result_code_is_a_named_walsvc_error(code: int) -> None:
+    """Each result pulsar-client can give (its enum, and the codes of the bundled C++
+    client it does not name: 46 showed as ``46 ???``) becomes a WALError naming it."""
+    if code == 0:
+        return  # Ok is not an error
+    error = translate_result(code, "doing x")
+    assert isinstance(error, walsvc.WALError)
+    assert "???" not in str(error)
+    assert "which this walsvc does not know" not in str(error)
+    name = {-1: "Retryable", 46: "Disconnected"}.get(code) or pulsar.Result(code).name
+    assert f"Pulsar result {name} ({code})" in str(error)
+
+
+def test_result_codes_translate_to_what_they_mean() -> None:
+    result = {name: int(value) for name, value in pulsar.Result.__members__.items()}
+    assert isinstance(translate_result(result["MessageTooBig"], "x"), walsvc.MessageTooLarge)
+    assert isinstance(translate_result(result["ProducerFenced"], "x"), walsvc.WALFenced)
+    assert isinstance(translate_result(result["AlreadyClosed"], "x"), walsvc.WALClosed)
+    assert isinstance(translate_result(result["ChecksumError"], "x"), walsvc.CorruptRecord)
+    assert isinstance(translate_result(result["InvalidTopicName"], "x"), walsvc.InvalidArgument)
+    for retriable in (result["Timeout"], result["ConnectError"], 46):
+        assert translate_result(retriable, "x").retriable
+    for refused in (result["AuthorizationError"], result["TopicTerminated"]):
+        assert not translate_result(refused, "x").retriable
+    unknown = translate_result(99, "x")
+    assert isinstance(unknown, walsvc.BackendUnavailable)
+    assert "Result<99> (99)" in str(unknown)
+    assert "Pulsar result Timeout" in str(translate(pulsar.Timeout("late"), "x"))
+
+
+async def test_closing_while_the_broker_does_not_answer(own_broker: PulsarLite) -> None:
+    """The broker stops answering with appends in flight and queued and a scanner open:
+    the WAL's close returns (within the hang guard), raises nothing, and every append
+    gets a WALError."""
+    wal = await walsvc.open_wal(own_broker.url, pchannel(), operation_timeout=3.0)
+    try:
+        for i in range(10):
+            await wal.append(data("a", i))
+        scanner = wal.read(DeliverPolicy.all())
+        async with asyncio.timeout(HANG):
+            await anext(scanner)
+        own_broker.pause()
+        pending = [asyncio.ensure_future(wal.append(data("q", i))) for i in range(20)]
+        await asyncio.sleep(0.5)
+        async with asyncio.timeout(HANG):
+            await wal.aclose()
+            results = await settle(pending)
+        assert all(isinstance(r, walsvc.WALError) for r in results), results
+    finally:
+        own_broker.resume()
+        await wal.aclose()
+
+
+async def test_a_close_is_bounded_by_close_timeout(own_broker: PulsarLite) -> None:
+    """With operations allowed 60 s, a close started by ``begin_close`` (what the WAL does
+    before it waits for appends) ends after ``close_timeout``, inside the 30 s hang guard:
+    the group in flight fails with AppendOutcomeUnknown, the queued appends with
+    WALClosed, and nothing raises."""
+    wal = await walsvc.open_wal(
+        own_broker.url, pchannel(), operation_timeout=60.0, close_timeout=1.0, interceptors=[]
+    )
+    try:
+        await wal.append(data("first", 0))
+        backend = backend_of(wal)
+        own_broker.pause()
+        in_flight = backend.append([envelope(1)])
+        await asyncio.sleep(0.2)  # that group is sent; these wait behind it
+        queued = [backend.append([envelope(i)]) for i in range(2, 5)]
+        async with asyncio.timeout(30.0):
+            backend.begin_close()
+            await wal.aclose()
+            outcomes = await settle([in_flight, *queued])
+        assert isinstance(outcomes[0], walsvc.AppendOutcomeUnknown), outcomes
+        assert all(isinstance(r, walsvc.WALClosed) for r in outcomes[1:]), outcomes
+    finally:
+        own_broker.resume()
+        await wal.aclose()
+
+
+def envelope(i: int) -> bytes:
+    """A stored envelope of a small data message (the backend's own input)."""
+    from walsvc._codec import encode
+
+    return encode(data("raw", i), timetick=1 + i, term=1)
