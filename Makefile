@@ -8,7 +8,7 @@ C_SOURCES := walsvc/_speedups.c walsvc/backends/_kafka/_cbatches.c \
 	walsvc/backends/_file/_ccommit.c
 
 .DEFAULT_GOAL := test
-.PHONY: run test lint typecheck pytest bench bench-quick clean
+.PHONY: run test lint typecheck pytest soak bench bench-quick clean
 
 # A bare venv with a pip new enough for PEP 735 dependency groups (`--group`, pip >= 25.1).
 $(VENV)/.venv-stamp:
@@ -41,6 +41,11 @@ typecheck: $(VENV)/.test-stamp
 
 pytest: $(VENV)/.test-stamp
 	$(VENV)/bin/pytest
+
+# Long fault schedules: the slow tests (crash loops, fault schedules, property tests) with
+# WALSVC_SOAK times their rounds and fresh hypothesis examples. Not part of `make test`.
+soak: $(VENV)/.test-stamp
+	WALSVC_SOAK=$${WALSVC_SOAK:-20} HYPOTHESIS_PROFILE=explore $(VENV)/bin/pytest -m slow
 
 # Saves results for the current commit under .asv/results (see performance.md).
 bench: $(VENV)/.test-stamp

@@ -6,6 +6,7 @@ transactions with an idempotency key, across restarts."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import uuid
 from collections import Counter
@@ -19,6 +20,9 @@ from interceptors import Dedup
 from walsvc import AppendResult, MessageType, TxnState
 
 _faulty.register()
+
+#: ``make soak`` runs the properties longer.
+SOAK = int(os.environ.get("WALSVC_SOAK", "1"))
 
 
 async def _settle(wal: walsvc.WAL, message: walsvc.Message, rng: random.Random) -> AppendResult:
@@ -45,6 +49,7 @@ async def _settle(wal: walsvc.WAL, message: walsvc.Message, rng: random.Random) 
             continue
 
 
+@pytest.mark.slow
 async def test_keyed_retries_after_timeouts_and_cancellations_land_once(
     url: str, seed: random.Random
 ) -> None:
@@ -56,7 +61,7 @@ async def test_keyed_retries_after_timeouts_and_cancellations_land_once(
 
         async def producer(p: int) -> None:
             rng = random.Random(seed.random())
-            for k in range(60):
+            for k in range(60 * SOAK):
                 key = f"p{p}-{k}"
                 result = await _settle(wal, data(key.encode(), idempotency_key=key), rng)
                 answers.setdefault(key, set()).add(result)

@@ -65,7 +65,7 @@ def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
 
 
 CHILD = Path(__file__).with_name("_crash_child.py")
-ROUNDS = 24
+ROUNDS = 24 * int(os.environ.get("WALSVC_SOAK", "1"))  # make soak: more
 READER_ROUND = 11
 PRODUCERS = 8
 SEGMENT_SIZE = 64 * 1024

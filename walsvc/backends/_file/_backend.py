@@ -145,11 +145,17 @@ class FileBackend(Backend):
         self._scanners.discard(scanner)
 
     async def latest_message_id(self) -> MessageId | None:
-        end = self.directory.head.read().durable_end
+        end = self._head().durable_end
         return FileMessageId(end - 1) if end else None
 
     async def last_timetick(self) -> int:
-        return self.directory.head.read().last_timetick
+        return self._head().last_timetick
+
+    def _head(self) -> HeadState:
+        try:
+            return self.directory.head.read()
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot read {self.directory.head.path}: {exc}") from exc
 
     async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
         """A frame within ``_seek.NEAR`` bytes before the first record with a tick at or
@@ -251,6 +257,8 @@ async def _take_over(
     try:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, _recover_locked, directory, sync, segment_size)
+    except OSError as exc:  # a full disk, an I/O error: the open may succeed later
+        raise BackendUnavailable(f"cannot recover file WAL {directory.path}: {exc}") from exc
     finally:
         head.unlock()
 

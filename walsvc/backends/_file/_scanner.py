@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._codec import decode_run, offset_after
-from ..._errors import CorruptRecord, WALClosed, WALTruncated
+from ..._errors import BackendUnavailable, CorruptRecord, WALClosed, WALTruncated
 from ..._filter import Filter
 from ..._ids import MessageId
 from ..._message import ImmutableMessage
@@ -58,11 +58,19 @@ class FileScanner(BackendScanner):
     async def next_batch(self) -> Sequence[ImmutableMessage]:
         return await self._next_items()
 
+    async def _next_items(self) -> list[Any]:
+        """``_walk`` with the operating system's errors translated at the boundary."""
+        try:
+            return await self._walk()
+        except OSError as exc:
+            path = self._backend.directory.segment_path(self._segment)
+            raise BackendUnavailable(f"cannot read {path}: {exc}") from exc
+
     def _decode(self, body: memoryview, first_seq: int, skip: int) -> list[Any]:
         """The items a frame's records make: the messages the filter admits."""
         return decode_run(body, first_seq, FileMessageId, self._selected, skip=skip)
 
-    async def _next_items(self) -> list[Any]:
+    async def _walk(self) -> list[Any]:
         """What ``_decode`` makes of the next frames with records at or after
         ``_deliver_from``, waiting for them at the end of the log."""
         directory = self._backend.directory
