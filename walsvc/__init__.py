@@ -14,6 +14,7 @@ from ._chain import (
     InterceptorContext,
     PlainAdmission,
     ReadyInterceptor,
+    TxnKeyWindow,
 )
 from ._codec import EnvelopeHeader, peek
 from ._config import WalConfig, load_config, open_wal_from_config
@@ -106,6 +107,7 @@ __all__ = (
     "TxnContext",
     "TxnError",
     "TxnExpired",
+    "TxnKeyWindow",
     "TxnNotActive",
     "TxnState",
     "UnknownBackend",
