@@ -16,14 +16,17 @@ kill and restart.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 import walsvc
 from walsvc import MessageType
+from walsvc.backends._kafka import KafkaMessageId
 from walsvc.testing import _tansu
 from walsvc.testing._tansu import TansuBroker
 
@@ -32,6 +35,7 @@ __all__ = (
     "TansuBroker",
     "fresh",
     "paused_broker",
+    "raw_copy",
     "servers",
     "start_tansu",
     "take_inserts",
@@ -89,3 +93,28 @@ async def take_inserts(scanner: walsvc.Scanner, count: int) -> AsyncIterator[Any
             taken += 1
             if taken == count:
                 return
+
+
+async def raw_copy(url: str, pchannel: str, message_id: walsvc.MessageId) -> int:
+    """Append a copy of the record at ``message_id`` (its expected offset included, so
+    it is invalid wherever it lands) with a raw producer; return where it landed."""
+    topic = f"walsvc.{pchannel}"
+    tp = TopicPartition(topic, 0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=servers(url), auto_offset_reset="none")
+    producer = AIOKafkaProducer(bootstrap_servers=servers(url), acks="all")
+    await consumer.start()
+    await producer.start()
+    try:
+        consumer.assign([tp])
+        assert isinstance(message_id, KafkaMessageId)
+        consumer.seek(tp, message_id.seq)
+        async with asyncio.timeout(HANG):
+            record = await consumer.getone(tp)
+        metadata = await producer.send_and_wait(
+            topic, record.value, partition=0, headers=list(record.headers)
+        )
+        offset: int = metadata.offset
+        return offset
+    finally:
+        await producer.stop()
+        await consumer.stop()

@@ -13,8 +13,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from _tansu import HANG, fresh, paused_broker, servers, start_tansu, take_inserts, tansu_url
-from aiokafka import AIOKafkaProducer, TopicPartition
+from _tansu import (
+    HANG,
+    fresh,
+    paused_broker,
+    raw_copy,
+    servers,
+    start_tansu,
+    take_inserts,
+    tansu_url,
+)
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 import walsvc
@@ -229,7 +238,7 @@ async def test_stragglers_of_an_older_writer_are_dropped_and_the_batch_resent(
     async with await walsvc.open_wal(tansu_url, pchannel, interceptors=[]) as wal:
         first = await wal.append(Message(payload=b"first", vchannel="v"))
         async with await walsvc.open_wal(tansu_url, pchannel, interceptors=[]) as new:
-            straggler = await _raw_copy(tansu_url, pchannel, first.message_id)
+            straggler = await raw_copy(tansu_url, pchannel, first.message_id)
             assert straggler > first.message_id.seq
             sent = await new.append(Message(payload=b"second", vchannel="v"))
             assert sent.message_id.seq > straggler
@@ -239,33 +248,6 @@ async def test_stragglers_of_an_older_writer_are_dropped_and_the_batch_resent(
                 await wal.append(Message(payload=b"late", vchannel="v"))
             got = await read_inserts(new, DeliverPolicy.all(), sent.message_id)
             assert [m.payload for m in got] == [b"first", b"second"]
-
-
-async def _raw_copy(url: str, pchannel: str, message_id: walsvc.MessageId) -> int:
-    """Append a copy of the record at ``message_id`` (its expected offset included, so
-    it is invalid wherever it lands) with a raw producer; return where it landed."""
-    from aiokafka import AIOKafkaConsumer
-
-    topic = f"walsvc.{pchannel}"
-    tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=servers(url), auto_offset_reset="none")
-    producer = AIOKafkaProducer(bootstrap_servers=servers(url), acks="all")
-    await consumer.start()
-    await producer.start()
-    try:
-        consumer.assign([tp])
-        assert isinstance(message_id, KafkaMessageId)
-        consumer.seek(tp, message_id.seq)
-        async with asyncio.timeout(HANG):
-            record = await consumer.getone(tp)
-        metadata = await producer.send_and_wait(
-            topic, record.value, partition=0, headers=list(record.headers)
-        )
-        offset: int = metadata.offset
-        return offset
-    finally:
-        await producer.stop()
-        await consumer.stop()
 
 
 async def test_foreign_record_is_corrupt(tansu_url: str) -> None:

@@ -43,6 +43,7 @@ from ._log import LogReader
 from ._options import KafkaOptions, parse_location, parse_options
 from ._records import Mark
 from ._scanner import KafkaScanner
+from ._seek import start_at_timetick
 from ._subscriptions import KafkaSubscriptionStore
 from ._topic import check_partitions, ensure_topic, topic_exists
 from ._writer import OffsetChainWriter
@@ -179,6 +180,15 @@ class KafkaBackend(Backend):
     async def last_timetick(self) -> int:
         _, tick = await self.reader.newest()
         return tick
+
+    async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
+        """Where a read must start to include every retained message with a timetick at
+        or above ``timetick``: found by a binary search over offsets (about log2 N
+        fetches, see ``_seek``), so that the read delivers no message below it (but the
+        newest message of the log when none is at or above it)."""
+        if self._closed:
+            raise WALClosed(f"kafka WAL {self.topic} is closed")
+        return await start_at_timetick(self.servers, self.options, self.reader, timetick)
 
     async def truncate(self, message_id: MessageId) -> None:
         """Delete records before ``message_id`` + 1 (Kafka DeleteRecords). A mark with the

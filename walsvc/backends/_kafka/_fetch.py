@@ -136,6 +136,25 @@ class PartitionFetcher:
             self._pending = asyncio.ensure_future(self._fetch(after))
         return records
 
+    async def read_at(self, offset: int) -> tuple[list[Walked], int]:
+        """The records one fetch from ``offset`` returns (nothing is prefetched after
+        them), and the offset after them: for reads that jump around (a search), not
+        for a scanner. A batch larger than the fetch size is fetched again, larger.
+        Raises as ``next`` does."""
+        if self._closed:
+            raise WALClosed(f"the fetcher of {self.tp.topic} is closed")
+        while True:
+            fetch_bytes, data = await self._fetch(offset)
+            records, after = walk(data, offset)
+            if after != offset or not data:
+                return records, after
+            if fetch_bytes >= _MAX_FETCH_BYTES:
+                raise BackendUnavailable(
+                    f"the record batch at offset {offset} of {self.tp.topic} is larger"
+                    f" than {_MAX_FETCH_BYTES} bytes"
+                )
+            self._fetch_bytes = min(fetch_bytes * 2, _MAX_FETCH_BYTES)
+
     async def _fetch(self, offset: int) -> tuple[int, bytes]:
         """(fetch size, record bytes) of one successful fetch at ``offset``, retrying
         what is retriable (see the module docstring)."""

@@ -47,6 +47,7 @@ from ._ids import PulsarMessageId
 from ._log import STOP_WITHIN, TailTracker, close_quietly
 from ._records import BARRIER, term_of_barrier
 from ._scanner import PulsarScanner
+from ._seek import start_at_timetick
 from ._subscriptions import PulsarSubscriptionStore
 from ._writer import GroupWriter
 
@@ -165,6 +166,17 @@ class PulsarBackend(Backend):
         self._check_open()
         await self._tracker.refresh()
         return self._tracker.max_tick
+
+    async def start_at_timetick(self, timetick: int) -> DeliverPolicy:
+        """Where a read must start to include every message with a timetick at or above
+        ``timetick``: a binary search over the entries of the last ledger (about log2 of
+        their number reader creations, see ``_seek``), so that the read delivers nothing
+        below it (but the newest message of the log when none is at or above it); ``all``
+        when the target is at or below the last ledger's first tick."""
+        self._check_open()
+        return await start_at_timetick(
+            self.client, self.topic, self.options.operation_timeout, timetick
+        )
 
     async def truncate(self, message_id: MessageId) -> None:
         """Not supported: raises ``InvalidArgument`` (``WALReadOnly`` on a read-only

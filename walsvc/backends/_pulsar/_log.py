@@ -192,17 +192,21 @@ class ForwardRead:
     """Reads a topic forward from a position to its end as a caller knows it.
 
     ``run`` hands every message to ``consume``, in strictly increasing id order, until it
-    has read ``through`` (an id known to exist) and the broker reports nothing more. A
-    reader that delivers nothing (or does not answer whether more is available) for
-    ``STALL`` seconds meanwhile (Pulsar Lite was seen to stop serving one that still had
-    entries to send) is closed and replaced by a reader that starts right after the last
-    message read. ``run`` has no deadline of its own: the caller bounds it.
+    has read ``through`` (an id known to exist) and the broker reports nothing more, or
+    until ``consume`` returns True (it has what it was reading for). A reader that
+    delivers nothing (or does not answer whether more is available) for ``stall``
+    seconds (default ``STALL``) meanwhile (Pulsar Lite was seen to stop serving one that
+    still had entries to send) is closed and replaced by a reader that starts right after
+    the last message read. ``run`` has no deadline of its own: the caller bounds it.
     """
 
-    def __init__(self, client: pulsar_asyncio.Client, topic: str, timeout: float) -> None:
+    def __init__(
+        self, client: pulsar_asyncio.Client, topic: str, timeout: float, stall: float = STALL
+    ) -> None:
         self._client = client
         self._topic = topic
         self._timeout = timeout
+        self._stall = stall
         #: How many readers were replaced because they stopped delivering.
         self.stalls = 0
 
@@ -212,9 +216,10 @@ class ForwardRead:
         *,
         inclusive: bool,
         through: PulsarMessageId,
-        consume: Callable[[list[Link]], None],
+        consume: Callable[[list[Link]], bool | None],
     ) -> None:
-        """Read from ``start`` (None: the earliest message) to at least ``through``."""
+        """Read from ``start`` (None: the earliest message) to at least ``through``, or
+        until ``consume`` returns True."""
         last = None if inclusive else start
         reader = await create_reader(
             self._client,
@@ -225,7 +230,7 @@ class ForwardRead:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(STALL):
+                    async with asyncio.timeout(self._stall):
                         if last is not None and last >= through:
                             if not await reader.has_message_available():
                                 return
@@ -238,7 +243,8 @@ class ForwardRead:
                     links = [link for link in links if link.id > last]
                 if links:
                     last = links[-1].id
-                    consume(links)
+                    if consume(links):
+                        return
         finally:
             await close_quietly(reader, self._timeout)
 
