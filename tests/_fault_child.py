@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import itertools
 import os
 import random
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from _impatient import GAVE_UP, impatient_attempt
 
 import walsvc
 from walsvc import AppendResult, Message
@@ -90,23 +93,12 @@ async def attempt(
         if wal is None:
             await asyncio.sleep(0.01)
             continue
-        choice = rng.random()
         try:
-            if choice < 0.25:
-                async with asyncio.timeout(rng.choice((0, 0.0002, 0.001, 0.005))):
-                    return await call(wal)
-            if choice < 0.4:
-                task = asyncio.ensure_future(call(wal))
-                for _ in range(rng.randrange(5)):
-                    await asyncio.sleep(0)
-                task.cancel()
-                try:
-                    return await task
-                except asyncio.CancelledError:
-                    continue
-            return await call(wal)
-        except TimeoutError:
-            continue
+            result = await impatient_attempt(
+                rng, functools.partial(call, wal), deadlines=(0, 0.0002, 0.001, 0.005)
+            )
+            if result is not GAVE_UP:
+                return result
         except walsvc.WALError as exc:
             say("ERR", type(exc).__name__)
             await holder.reopen(generation)

@@ -14,6 +14,7 @@ from collections import Counter
 import _faulty
 import pytest
 from _chain_support import data, log_of, member
+from _impatient import impatient_attempt
 
 import walsvc
 from interceptors import Dedup
@@ -26,27 +27,14 @@ SOAK = int(os.environ.get("WALSVC_SOAK", "1"))
 
 
 async def _settle(wal: walsvc.WAL, message: walsvc.Message, rng: random.Random) -> AppendResult:
-    """Append ``message`` as an impatient client would: each attempt under a random
-    deadline (sometimes none at all, sometimes cancelled outright), retried with the same
-    key until one attempt returns."""
+    """Append ``message`` as an impatient client would, retrying with the same key until
+    one attempt answers."""
     while True:
-        choice = rng.random()
-        try:
-            if choice < 0.3:
-                async with asyncio.timeout(rng.choice((0, 0.0001, 0.0005, 0.002))):
-                    return await wal.append(message)
-            if choice < 0.5:
-                task = asyncio.ensure_future(wal.append(message))
-                for _ in range(rng.randrange(4)):
-                    await asyncio.sleep(0)
-                task.cancel()
-                try:
-                    return await task
-                except asyncio.CancelledError:
-                    continue
-            return await wal.append(message)
-        except TimeoutError:
-            continue
+        result = await impatient_attempt(
+            rng, lambda: wal.append(message), deadlines=(0, 0.0001, 0.0005, 0.002)
+        )
+        if isinstance(result, AppendResult):
+            return result
 
 
 @pytest.mark.slow

@@ -12,6 +12,8 @@ Per pchannel, concurrently over several fresh pchannels:
 2. Fencing: a second read-write open fences the first writer.
 3. Closing: scanners and calls on a closed WAL.
 4. Truncation, durable across reopen, including truncating the whole log.
+5. Exactly-once (``_exactly_once.py``): keyed appends, batches and transactions retried
+   after cancellations and across a reopen land once; ``start_at_timetick``.
 
 These read the log as the backend returns it (``raw=True, use_cache=False``). Then, on one
 more pchannel, the scanner battery (``_scanner_conformance.py``) checks what readers see:
@@ -40,6 +42,7 @@ from .._ids import MessageId
 from .._message import ImmutableMessage, Message, MessageType
 from .._scanner import Scanner
 from .._wal import WAL
+from ._exactly_once import ExactlyOnceCheck
 from ._instruments import MARK, Reader, Sent, describe, difference, task_group
 from ._scanner_conformance import ScannerCheck
 
@@ -62,6 +65,7 @@ async def check_backend(
     pchannels: int = 3,
     hang_after: float = 60.0,
     truncation: bool = True,
+    exactly_once: bool = True,
 ) -> None:
     """Run the conformance battery against the backend behind ``open_wal_for``.
 
@@ -81,7 +85,9 @@ async def check_backend(
     append, one open) that takes longer than ``hang_after`` seconds counts as a hang and
     fails too. ``truncation=False`` leaves out the truncation step, for a backend whose
     store cannot truncate (a documented deviation; run ``check_truncation`` apart, e.g.
-    as a strict xfail). Every WAL the kit opens is closed before it returns or raises.
+    as a strict xfail). ``exactly_once=False`` leaves out the exactly-once step, which
+    needs the default interceptor chain (``interceptors.Dedup``) behind ``open_wal_for``.
+    Every WAL the kit opens is closed before it returns or raises.
     """
     if message_count < 2:
         raise InvalidArgument(f"message_count must be at least 2, not {message_count!r}")
@@ -98,6 +104,8 @@ async def check_backend(
             tg.create_task(check.run(truncation=truncation))
     # Only on a backend that passed the battery above: what readers see through it.
     await ScannerCheck(open_wal_for, f"conformance-scanners-{run}", hang_after).run()
+    if exactly_once:
+        await ExactlyOnceCheck(open_wal_for, f"conformance-keys-{run}", hang_after).run()
 
 
 async def check_truncation(
