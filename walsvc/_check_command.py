@@ -85,10 +85,7 @@ def _print(report: CheckReport, repaired: RepairReport | None, refused: str | No
     print(f"{report.path}: {len(report.segments)} segments, {records} records, {size} bytes")
     head = report.head
     if head is not None:
-        print(
-            f"head: term {head.term}, records {head.first_seq} to {head.durable_end - 1}"
-            " durable"
-        )
+        print(f"head: term {head.term}, records {head.first_seq} to {head.durable_end - 1} durable")
     if report.head_problem is not None:
         print(f"head: {report.head_problem}")
     for damage in report.damage:

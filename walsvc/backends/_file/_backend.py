@@ -164,9 +164,7 @@ class FileBackend(Backend):
             raise WALClosed(f"file WAL {self.directory.path} is closed")
         loop = asyncio.get_running_loop()
         try:
-            seq = await loop.run_in_executor(
-                None, record_before_timetick, self.directory, timetick
-            )
+            seq = await loop.run_in_executor(None, record_before_timetick, self.directory, timetick)
         except OSError as exc:
             raise BackendUnavailable(f"cannot read file WAL {self.directory.path}: {exc}") from exc
         return DeliverPolicy.all() if seq is None else DeliverPolicy.start_from(FileMessageId(seq))

@@ -321,4 +321,3 @@ def _read_head(path: str) -> tuple[HeadState | None, str | None]:
         return None, str(exc)
     finally:
         head.close()
-
