@@ -5,7 +5,8 @@ holds the pytest side:
 
 ``pulsar_lite_broker(workdir)``: a started broker with its data in ``workdir``, stopped on
 exit; the broker keeps its port and data directory across ``stop()``/``start()`` and
-``restart()``, which the fault tests rely on. Fixtures ``broker`` (one per test module)
+``restart()``, and ``pause()``/``resume()`` freeze and thaw it (SIGSTOP/SIGCONT), which
+the fault tests rely on. Fixtures ``broker`` (one per test module)
 and ``own_broker`` (one per test, to stop and restart), and the helpers the Pulsar test
 modules share.
 A broker that cannot start FAILS the test with its stderr; it never skips.

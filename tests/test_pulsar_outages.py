@@ -95,6 +95,55 @@ def test_result_codes_translate_to_what_they_mean() -> None:
     assert "Pulsar result Timeout" in str(translate(pulsar.Timeout("late"), "x"))
 
 
+async def test_an_append_is_acknowledged_only_with_its_own_messages(
+    own_broker: PulsarLite,
+) -> None:
+    """The Kafka writer's bug of issue 20 (point 1), tried on the Pulsar writer: group A
+    times out while the broker is paused and its outcome cannot be read (A raises
+    AppendOutcomeUnknown, and may land when the broker resumes); group B, appended
+    meanwhile, resumes with the broker. Every acknowledged append is delivered at the id
+    it was acknowledged with: a group is recognised by its name, never by position."""
+    pch = pchannel()
+    wal = await walsvc.open_wal(own_broker.url, pch, operation_timeout=2.0, interceptors=[])
+    acked: dict[str, walsvc.MessageId] = {}
+    try:
+        for i in range(3):
+            acked[f"pre:{i}"] = (await wal.append(data("pre", i))).message_id
+        own_broker.pause()
+        async with asyncio.timeout(HANG):
+            first = await settle(
+                [asyncio.ensure_future(wal.append(data("a", k))) for k in range(8)]
+            )
+        assert all(isinstance(r, walsvc.WALError) for r in first), first
+        second = [asyncio.ensure_future(wal.append(data("b", k))) for k in range(8)]
+        await asyncio.sleep(3.0)  # B's sends have timed out; its outcome is being read
+        own_broker.resume()
+        async with asyncio.timeout(HANG):
+            for k, result in enumerate(await settle(second)):
+                assert isinstance(result, walsvc.AppendResult | walsvc.WALError), result
+                if isinstance(result, walsvc.AppendResult):
+                    acked[f"b:{k}"] = result.message_id
+            for k in range(8):
+                acked[f"c:{k}"] = (await wal.append(data("c", k))).message_id
+    finally:
+        own_broker.resume()
+        await wal.aclose()
+    assert len(set(acked.values())) == len(acked), "an id was acknowledged twice"
+    got: dict[str, list[walsvc.MessageId]] = {}
+    async with await walsvc.open_wal(own_broker.url, pch, read_only=True) as reader:
+        async with (
+            asyncio.timeout(HANG),
+            reader.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner,
+        ):
+            async for message in scanner:
+                if message.type is MessageType.INSERT:
+                    got.setdefault(message.properties["n"], []).append(message.message_id)
+                if message.message_id >= max(acked.values()):
+                    break
+    wrong = {label: (at, got.get(label)) for label, at in acked.items() if got.get(label) != [at]}
+    assert not wrong, f"acknowledged but not delivered (once) at that id: {wrong}"
+
+
 async def test_closing_while_the_broker_does_not_answer(own_broker: PulsarLite) -> None:
     """The broker stops answering with appends in flight and queued and a scanner open:
     the WAL's close returns (within the hang guard), raises nothing, and every append
