@@ -13,6 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
+from walsvc._codec import encode
 from walsvc.backends._kafka import KafkaBackend
 
 __all__ = ("paused_broker", "tansu_url")
@@ -20,6 +21,11 @@ __all__ = ("paused_broker", "tansu_url")
 
 def data(label: str) -> Message:
     return Message(payload=label.encode(), vchannel="v")
+
+
+def envelope(i: int) -> bytes:
+    """A stored envelope of a small data message (the backend's own input)."""
+    return encode(data(f"raw{i}"), timetick=1 + i, term=1)
 
 
 async def read_back(url: str, pchannel: str, through: walsvc.MessageId) -> dict[str, list[Any]]:
@@ -133,9 +139,9 @@ async def test_a_close_is_bounded_by_close_timeout(paused_broker: Any) -> None:
     backend = wal.backend
     assert isinstance(backend, KafkaBackend)
     paused_broker.pause()
-    in_flight = [asyncio.ensure_future(backend.append([b"x" * 64])) for _ in range(1)]
+    in_flight = [asyncio.ensure_future(backend.append([envelope(1)]))]
     await asyncio.sleep(0.2)  # that batch is sent; these wait behind it
-    queued = [asyncio.ensure_future(backend.append([b"y" * 64])) for _ in range(3)]
+    queued = [asyncio.ensure_future(backend.append([envelope(i)])) for i in range(2, 5)]
     async with asyncio.timeout(HANG):
         backend.begin_close()
         await wal.aclose()

@@ -14,6 +14,7 @@ from pulsar import _pulsar
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
+from walsvc._codec import encode
 from walsvc.backends._pulsar._client import translate
 
 __all__ = ("broker", "own_broker")
@@ -195,6 +196,4 @@ async def test_a_close_is_bounded_by_close_timeout(own_broker: PulsarLite) -> No
 
 def envelope(i: int) -> bytes:
     """A stored envelope of a small data message (the backend's own input)."""
-    from walsvc._codec import encode
-
     return encode(data("raw", i), timetick=1 + i, term=1)

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Final, final
 
+from ._tansu import wait_stopped
+
 __all__ = ("PulsarLite", "PulsarLiteStartError", "start_pulsar_lite")
 
 _READY_WITHIN: Final = 20.0
@@ -122,12 +124,13 @@ class PulsarLite:
         )
 
     def pause(self) -> None:
-        """Freeze the running broker (SIGSTOP): connections stay open, nothing is
-        answered."""
+        """Freeze the running broker (SIGSTOP) and return once it is stopped:
+        connections stay open, nothing is answered."""
         if self._process is None:
             raise RuntimeError("broker not running")
         os.kill(self._process.pid, signal.SIGSTOP)
         self.paused = True
+        wait_stopped(self._process.pid)
 
     def resume(self) -> None:
         """Let a paused broker run again (SIGCONT). Idempotent."""

@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import Final, final
 
-__all__ = ("TansuBroker", "TansuStartError", "start_tansu")
+__all__ = ("TansuBroker", "TansuStartError", "start_tansu", "wait_stopped")
 
 _READY_WITHIN: Final = 15.0
 _STOP_WITHIN: Final = 5.0
@@ -30,6 +30,27 @@ _STOP_WITHIN: Final = 5.0
 class TansuStartError(RuntimeError):
     """The broker binary was not found, exited on start, or did not accept connections
     in time; the message carries its stderr."""
+
+
+def wait_stopped(pid: int, within: float = _STOP_WITHIN) -> None:
+    """Return once every thread of process ``pid`` is stopped (after a SIGSTOP: the
+    signal is delivered asynchronously, and a thread still running may answer one more
+    request). Linux only (``/proc``); elsewhere it returns at once."""
+    tasks = f"/proc/{pid}/task"
+    if not os.path.isdir(tasks):
+        return
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            states = []
+            for tid in os.listdir(tasks):
+                with open(f"{tasks}/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread ended while listed
+            continue
+        if all(state in "tTZX" for state in states):
+            return
+        time.sleep(0.001)
 
 
 def _free_port() -> int:
@@ -60,9 +81,11 @@ class TansuBroker:
             return ""
 
     def pause(self) -> None:
-        """Freeze the broker (SIGSTOP): connections stay open, nothing is answered."""
+        """Freeze the broker (SIGSTOP) and return once it is stopped: connections stay
+        open, nothing is answered."""
         os.kill(self.process.pid, signal.SIGSTOP)
         self.paused = True
+        wait_stopped(self.process.pid)
 
     def resume(self) -> None:
         """Let a paused broker run again (SIGCONT)."""
