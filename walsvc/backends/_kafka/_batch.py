@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from aiokafka.errors import KafkaError
 from aiokafka.producer.message_accumulator import BatchBuilder
@@ -26,7 +26,7 @@ from ._ids import KafkaMessageId
 from ._options import KafkaOptions
 from ._records import BARRIER, Mark, data_headers, mark_record, split_envelope
 
-__all__ = ("Pending", "append_barrier", "build", "holds", "send")
+__all__ = ("Landed", "Pending", "append_barrier", "build", "holds", "send")
 
 RECORD_OVERHEAD: Final = 96  # Kafka record framing + walsvc headers, roughly
 
@@ -92,14 +92,22 @@ def holds(records: Sequence[Any], expected: int, batch: Sequence[Pending]) -> bo
     return True
 
 
-async def send(producer: Any, builder: Any, topic: str, seconds: float) -> int:
-    """Send one built batch and return its base offset. Raises ``TimeoutError`` or a
+class Landed(NamedTuple):
+    """Where a sent batch landed: its base offset, and the partition's first retained
+    offset as the broker reported it with the acknowledgement (-1 if it did not)."""
+
+    offset: int
+    log_start: int
+
+
+async def send(producer: Any, builder: Any, topic: str, seconds: float) -> Landed:
+    """Send one built batch; where it landed. Raises ``TimeoutError`` or a
     ``KafkaError`` if the outcome is unknown."""
     async with asyncio.timeout(seconds):
         future = await producer.send_batch(builder, topic, partition=0)
         metadata = await future
-    offset: int = metadata.offset
-    return offset
+    log_start = metadata.log_start_offset
+    return Landed(metadata.offset, -1 if log_start is None else log_start)
 
 
 async def append_barrier(producer: Any, topic: str, options: KafkaOptions) -> int:
@@ -107,7 +115,7 @@ async def append_barrier(producer: Any, topic: str, options: KafkaOptions) -> in
     builder = BatchBuilder(16384, 0)
     builder.append(timestamp=None, key=None, value=b"", headers=[(BARRIER, b"")])
     try:
-        return await send(producer, builder, topic, options.request_timeout)
+        return (await send(producer, builder, topic, options.request_timeout)).offset
     except (TimeoutError, KafkaError) as exc:
         raise BackendUnavailable(
             f"cannot append the writer's barrier to {topic} within {options.request_timeout} s"

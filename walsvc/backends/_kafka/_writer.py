@@ -20,7 +20,8 @@ before the next batch is sent, so no batch is ever sent while an earlier one may
 land where it expects to.
 
 A log that was replaced under the writer (the topic deleted and created again: its end
-went back, or it has more than one partition) fails the batch and every later append
+or its first offset went back, or it has more than one partition; aiokafka speaks no
+metadata version with topic ids) fails the batch and every later append
 with ``WALTruncated``: the writer never acknowledges an id its own records may already
 hold in the old log.
 
@@ -49,7 +50,7 @@ from ..._errors import (
     WALFenced,
     WALTruncated,
 )
-from ._batch import Pending, build, holds, send
+from ._batch import Landed, Pending, build, holds, send
 from ._client import stop_quietly
 from ._ids import KafkaMessageId
 from ._log import LogReader
@@ -73,6 +74,7 @@ class OffsetChainWriter:
         "_call_limit",
         "_close_handle",
         "_closing",
+        "_log_start",
         "_loop",
         "_next",
         "_options",
@@ -102,6 +104,7 @@ class OffsetChainWriter:
         self.topic: str = reader.topic
         self.barrier = barrier
         self._next = barrier + 1
+        self._log_start = 0  # the greatest first offset a produce response reported
         #: ``WALFenced`` or ``WALTruncated`` (log replaced) once the writer can never
         #: append again; every later append raises it.
         self.broken: WALError | None = None
@@ -246,7 +249,7 @@ class OffsetChainWriter:
         for _ in range(_RESENDS):
             expected = self._next
             try:
-                landed = await send(self._producer, build(batch, expected), self.topic, timeout)
+                sent = await send(self._producer, build(batch, expected), self.topic, timeout)
             except MessageSizeTooLargeError as exc:
                 self._fail(batch, MessageTooLarge(f"the broker refused the batch: {exc!r}"))
                 return
@@ -268,7 +271,7 @@ class OffsetChainWriter:
                     return
                 failure = f"sending failed ({exc!r}) and the batch did not land"
             else:
-                self._check_landed(expected, landed)
+                landed = self._check_landed(expected, sent)
                 if landed == expected:
                     self._next = expected + count
                     self._succeed(batch, expected)
@@ -318,10 +321,12 @@ class OffsetChainWriter:
             builder = BatchBuilder(16384, 0)
             builder.append(timestamp=None, key=None, value=b"", headers=[(FILLER, b"")])
             try:
-                filler = await send(
-                    self._producer, builder, self.topic, max(0.05, deadline - loop.time())
+                filler = self._check_landed(
+                    start,
+                    await send(
+                        self._producer, builder, self.topic, max(0.05, deadline - loop.time())
+                    ),
                 )
-                self._check_landed(start, filler)
                 records = await self._reader.read(start, filler + 1)
                 break
             except WALTruncated as exc:  # our own offsets are gone: not a truncation of ours
@@ -342,14 +347,23 @@ class OffsetChainWriter:
         self._check_barriers(records)
         return ours
 
-    def _check_landed(self, expected: int, landed: int) -> None:
-        """Raise ``_Broken`` if a record expected at ``expected`` landed before it, or the
-        producer sees the topic with other than one partition: the log was replaced."""
+    def _check_landed(self, expected: int, sent: Landed) -> int:
+        """Where ``sent`` landed. Raises ``_Broken`` if the log was replaced: a record
+        expected at ``expected`` landed before it, the log's first offset went back, or
+        the producer sees the topic with other than one partition."""
+        landed = sent.offset
         if landed < expected:
             self._replaced(f"a record expected at offset {expected} landed at {landed}")
+        if sent.log_start >= 0:
+            if sent.log_start < self._log_start:
+                self._replaced(
+                    f"its first offset went back from {self._log_start} to {sent.log_start}"
+                )
+            self._log_start = sent.log_start
         partitions = self._producer.client.cluster.partitions_for_topic(self.topic)
         if partitions is not None and len(partitions) != 1:
             self._replaced(f"it now has {len(partitions)} partitions")
+        return landed
 
     def _replaced(self, detail: str) -> None:
         self.broken = WALTruncated(
