@@ -262,13 +262,19 @@ class FaultSchedule:
         again = {label: ids for label, ids in delivered.items() if len(ids) > 1}
         assert not again, f"messages delivered more than once: {sorted(again)[:10]}"
         owners: dict[walsvc.MessageId, str] = {}
+        at_id = {ids[0]: label for label, ids in delivered.items()}
         for label, ids in ledger.acks.items():
             assert len(ids) == 1, f"{label} was acknowledged with different ids: {ids}"
             (at,) = ids
             assert owners.setdefault(at, label) == label, f"{at} acknowledged twice"
-            assert delivered.get(label) == [at], (
-                f"{label} acknowledged at {at}, delivered at {delivered.get(label)}"
-            )
+            if delivered.get(label) != [at]:
+                near = sorted(i for i in at_id if abs(_position(i) - _position(at)) <= 2)
+                raise AssertionError(
+                    f"{label} acknowledged at {at}, delivered at {delivered.get(label)};"
+                    f" the reader read through {latest}; delivered near it:"
+                    f" {[(i, at_id[i]) for i in near]}; a reader from it delivers first"
+                    f" {await self._first_from(at)}; faults {dict(ledger.events)}"
+                )
         written = sorted(label for label in ledger.nothing_written if label in delivered)
         assert not written, f"failed as not written, but delivered: {written[:10]}"
         assert ledger.acks, "the schedule acknowledged nothing"
@@ -277,3 +283,24 @@ class FaultSchedule:
             f" {dict(ledger.events)}, errors {dict(ledger.errors)}, unresolved keys"
             f" {sorted(ledger.unresolved)[:10]}"
         )
+
+    async def _first_from(self, at: walsvc.MessageId) -> object:
+        """(id, label) of the first INSERT a fresh reader delivers from ``at`` (a
+        diagnostic of a failed check)."""
+        try:
+            async with await walsvc.open_wal(self.broker.url, self.pchannel, read_only=True) as wal:
+                async with (
+                    asyncio.timeout(20),
+                    wal.read(DeliverPolicy.start_from(at), raw=True, use_cache=False) as scanner,
+                ):
+                    async for message in scanner:
+                        if message.type is MessageType.INSERT:
+                            return message.message_id, message.payload.decode()
+        except Exception as exc:
+            return exc
+        return None
+
+
+def _position(message_id: walsvc.MessageId) -> int:
+    """A number that orders ids of one log roughly (offset, or Pulsar entry)."""
+    return int(getattr(message_id, "seq", getattr(message_id, "entry", 0)))
