@@ -33,6 +33,7 @@ bootstrap_servers = ["k1:9092", "k2:9093"]
 topic_prefix = "t."
 connect_timeout = 3
 request_timeout = 4.5
+close_timeout = 1.5
 max_batch_bytes = 65536
 
 [wal.pulsar]
@@ -40,6 +41,7 @@ service_url = "pulsar://p1:6650"
 topic_prefix = "persistent://public/default/x."
 connect_timeout = 2.0
 operation_timeout = 7.0
+close_timeout = 2.5
 batching_max_messages = 100
 batching_max_publish_delay_ms = 3
 """
@@ -75,6 +77,7 @@ def test_file_only_every_backend_section_gives_its_url_and_exact_options(
                 "topic_prefix": "t.",
                 "connect_timeout": 3.0,
                 "request_timeout": 4.5,
+                "close_timeout": 1.5,
                 "max_batch_bytes": 65536,
             },
         ),
@@ -84,6 +87,7 @@ def test_file_only_every_backend_section_gives_its_url_and_exact_options(
                 "topic_prefix": "persistent://public/default/x.",
                 "connect_timeout": 2.0,
                 "operation_timeout": 7.0,
+                "close_timeout": 2.5,
                 "batching_max_messages": 100,
                 "batching_max_publish_delay_ms": 3,
             },

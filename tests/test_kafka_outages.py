@@ -128,22 +128,20 @@ async def test_closing_while_the_broker_does_not_answer(paused_broker: Any) -> N
 
 
 async def test_a_close_is_bounded_by_close_timeout(paused_broker: Any) -> None:
-    """With requests allowed 60 s, a close started by ``begin_close`` (what the WAL does
-    before it waits for appends) ends after ``close_timeout``, well inside the 30 s hang
-    guard: the batch in flight fails with AppendOutcomeUnknown, the queued appends with
-    WALClosed, and nothing raises."""
+    """With requests allowed 60 s, ``WAL.aclose`` ends after ``close_timeout``, well
+    inside the 30 s hang guard (the WAL starts the backend's close before it drains its
+    queued appends): the append in flight fails with AppendOutcomeUnknown, the queued
+    ones with WALClosed, and nothing raises."""
     wal = await walsvc.open_wal(
         paused_broker.url, fresh(), request_timeout=60.0, close_timeout=1.0, interceptors=[]
     )
     await wal.append(data("first"))
-    backend = wal.backend
-    assert isinstance(backend, KafkaBackend)
     paused_broker.pause()
-    in_flight = [asyncio.ensure_future(backend.append([envelope(1)]))]
+    in_flight = [asyncio.ensure_future(wal.append(data("sent")))]
     await asyncio.sleep(0.2)  # that batch is sent; these wait behind it
-    queued = [asyncio.ensure_future(backend.append([envelope(i)])) for i in range(2, 5)]
+    queued = [asyncio.ensure_future(wal.append(data(f"q{i}"))) for i in range(3)]
+    await asyncio.sleep(0)
     async with asyncio.timeout(HANG):
-        backend.begin_close()
         await wal.aclose()
         outcomes = await settle(in_flight + queued)
     assert isinstance(outcomes[0], walsvc.AppendOutcomeUnknown), outcomes

@@ -9,7 +9,7 @@ import asyncio
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pytest
-from _pulsar_lite import HANG, PulsarLite, backend_of, broker, data, own_broker, pchannel
+from _pulsar_lite import HANG, PulsarLite, broker, data, own_broker, pchannel
 from pulsar import _pulsar
 
 import walsvc
@@ -169,22 +169,21 @@ async def test_closing_while_the_broker_does_not_answer(own_broker: PulsarLite) 
 
 
 async def test_a_close_is_bounded_by_close_timeout(own_broker: PulsarLite) -> None:
-    """With operations allowed 60 s, a close started by ``begin_close`` (what the WAL does
-    before it waits for appends) ends after ``close_timeout``, inside the 30 s hang guard:
-    the group in flight fails with AppendOutcomeUnknown, the queued appends with
+    """With operations allowed 60 s, ``WAL.aclose`` ends after ``close_timeout``, inside
+    the 30 s hang guard (the WAL starts the backend's close before it drains its queued
+    appends): the append in flight fails with AppendOutcomeUnknown, the queued ones with
     WALClosed, and nothing raises."""
     wal = await walsvc.open_wal(
         own_broker.url, pchannel(), operation_timeout=60.0, close_timeout=1.0, interceptors=[]
     )
     try:
         await wal.append(data("first", 0))
-        backend = backend_of(wal)
         own_broker.pause()
-        in_flight = backend.append([envelope(1)])
+        in_flight = asyncio.ensure_future(wal.append(data("sent", 1)))
         await asyncio.sleep(0.2)  # that group is sent; these wait behind it
-        queued = [backend.append([envelope(i)]) for i in range(2, 5)]
+        queued = [asyncio.ensure_future(wal.append(data("q", i))) for i in range(2, 5)]
+        await asyncio.sleep(0)
         async with asyncio.timeout(30.0):
-            backend.begin_close()
             await wal.aclose()
             outcomes = await settle([in_flight, *queued])
         assert isinstance(outcomes[0], walsvc.AppendOutcomeUnknown), outcomes

@@ -20,6 +20,7 @@ The file (read with ``tomllib``) has one ``[wal]`` table and one sub-table per b
     topic_prefix = "walsvc."
     connect_timeout = 10.0
     request_timeout = 30.0
+    close_timeout = 5.0
     max_batch_bytes = 1048576
 
     [wal.pulsar]
@@ -27,6 +28,7 @@ The file (read with ``tomllib``) has one ``[wal]`` table and one sub-table per b
     topic_prefix = "persistent://public/default/walsvc."
     connect_timeout = 10.0
     operation_timeout = 30.0
+    close_timeout = 5.0
     batching_max_messages = 1000
     batching_max_publish_delay_ms = 1
 
@@ -127,26 +129,30 @@ class FileSection(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
 
 class KafkaSection(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """``[wal.kafka]``: ``bootstrap_servers`` (required, non-empty list of ``host:port``)
-    and the ``kafka://`` options ``topic_prefix``, ``connect_timeout`` and
-    ``request_timeout`` (seconds, (0, 3600]), ``max_batch_bytes`` (>= 1)."""
+    and the ``kafka://`` options ``topic_prefix``, ``connect_timeout``,
+    ``request_timeout`` and ``close_timeout`` (seconds, (0, 3600]), ``max_batch_bytes``
+    (>= 1)."""
 
     bootstrap_servers: Annotated[list[_HostPort], Meta(min_length=1)] | UnsetType = UNSET
     topic_prefix: _Text | UnsetType = UNSET
     connect_timeout: _Seconds | UnsetType = UNSET
     request_timeout: _Seconds | UnsetType = UNSET
+    close_timeout: _Seconds | UnsetType = UNSET
     max_batch_bytes: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
 
 
 class PulsarSection(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """``[wal.pulsar]``: ``service_url`` (required, ``pulsar://host:port[,host:port]``, used
-    as the WAL URL) and the ``pulsar://`` options ``topic_prefix``, ``connect_timeout``
-    and ``operation_timeout`` (seconds, (0, 3600]), ``batching_max_messages`` (>= 1),
+    as the WAL URL) and the ``pulsar://`` options ``topic_prefix``, ``connect_timeout``,
+    ``operation_timeout`` and ``close_timeout`` (seconds, (0, 3600]),
+    ``batching_max_messages`` (>= 1),
     ``batching_max_publish_delay_ms`` (>= 0)."""
 
     service_url: Annotated[str, Meta(pattern=_PULSAR_URL)] | UnsetType = UNSET
     topic_prefix: _Text | UnsetType = UNSET
     connect_timeout: _Seconds | UnsetType = UNSET
     operation_timeout: _Seconds | UnsetType = UNSET
+    close_timeout: _Seconds | UnsetType = UNSET
     batching_max_messages: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
     batching_max_publish_delay_ms: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
 

@@ -551,6 +551,9 @@ class WAL:
             return
         self._closed = True
         self._writable = False
+        # From here the appends still draining (queued, or owned by Dedup) are bounded
+        # by the backend's close timeout, not its request timeouts.
+        self._backend.begin_close()
         ready = self._ready
         if ready is not None:
             # A failed ready hook (e.g. the writer was fenced before its first TimeTick)

@@ -161,6 +161,13 @@ class Backend(ABC):
         """Drop every message up to and including ``message_id``. Readers asking for a
         dropped position get ``WALTruncated``."""
 
+    def begin_close(self) -> None:
+        """The WAL is closing: appends already queued, and those the WAL still drains,
+        get the backend's close bound from now on (a broker backend's ``close_timeout``)
+        instead of its request timeouts. ``aclose`` follows. The default does nothing:
+        a backend whose appends cannot hang needs no bound. Idempotent."""
+        return
+
     @abstractmethod
     async def aclose(self) -> None:
         """Finish queued appends, stop scanners and release resources. Idempotent."""
