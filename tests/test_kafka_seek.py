@@ -6,26 +6,13 @@ from __future__ import annotations
 import asyncio
 import random
 
-from _tansu import HANG, fresh, raw_copy, tansu_url
+from _seek_check import check_start_at_timetick
+from _tansu import fresh, raw_copy, tansu_url
 
 import walsvc
-from walsvc import DeliverPolicy, Message
+from walsvc import Message
 
 __all__ = ("tansu_url",)
-
-
-async def read_ticks(
-    wal: walsvc.WAL, deliver: DeliverPolicy, through: walsvc.MessageId
-) -> list[tuple[walsvc.MessageId, int]]:
-    """(id, timetick) of every message (system ones too) delivered from ``deliver``
-    through ``through``, by the backend alone."""
-    out: list[tuple[walsvc.MessageId, int]] = []
-    async with asyncio.timeout(HANG), wal.read(deliver, raw=True, use_cache=False) as scanner:
-        async for message in scanner:
-            out.append((message.message_id, message.timetick))
-            if message.message_id >= through:
-                return out
-    raise AssertionError("scanner ended")
 
 
 async def build_log(url: str, pchannel: str) -> walsvc.MessageId:
@@ -64,22 +51,4 @@ async def test_a_read_from_start_at_timetick_misses_nothing_and_reads_little(
     TimeTicks lie around it. (The default, ``all``, reads the whole log.)"""
     pchannel = fresh()
     await build_log(tansu_url, pchannel)
-    async with await walsvc.open_wal(tansu_url, pchannel, read_only=True) as wal:
-        last = await wal.latest_message_id()  # the last TimeTick, perhaps
-        assert last is not None
-        everything = await read_ticks(wal, DeliverPolicy.all(), last)
-        ticks = [tick for _, tick in everything]
-        assert ticks == sorted(ticks)
-        assert len(ticks) > 2000
-        targets = [0, ticks[0], ticks[0] + 1, ticks[-1], ticks[-1] + 1]
-        targets += [seed.choice(ticks) + seed.choice((-1, 0, 1)) for _ in range(25)]
-        for target in targets:
-            policy = await wal.backend.start_at_timetick(target)
-            wanted = [entry for entry in everything if entry[1] >= target]
-            got = await read_ticks(wal, policy, last)
-            if wanted:
-                below = [entry for entry in got if entry[1] < target]
-                assert not below, (target, policy, below[:3])
-                assert got == wanted, (target, policy)
-            else:  # none at or above: the read holds the newest message, and no other
-                assert got == everything[-1:], (target, policy, got[:3])
+    await check_start_at_timetick(tansu_url, pchannel, seed)

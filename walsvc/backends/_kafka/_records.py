@@ -129,3 +129,13 @@ def decode_mark(offset: int, value: bytes) -> Mark:
     if len(value) != _MARK.size:
         raise CorruptRecord(f"Kafka record at offset {offset}: bad walsvc mark")
     return Mark(*_MARK.unpack(value))
+
+
+def data_header(offset: int, head: bytes | Headers) -> bytes | None:
+    """The envelope header of the record at ``offset`` if it is a valid data record, else
+    None. ``head`` is what ``_batches.walk`` gives: the header itself for a record in the
+    plain data layout, else the record's headers (classified here)."""
+    if isinstance(head, bytes):
+        return head
+    kind, header = classify(offset, head)
+    return header if kind is Kind.DATA else None

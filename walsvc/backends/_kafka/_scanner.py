@@ -21,7 +21,7 @@ from ..._message import ImmutableMessage
 from .._base import BackendScanner
 from ._fetch import PartitionFetcher
 from ._ids import KafkaMessageId
-from ._records import Kind, classify
+from ._records import data_header
 
 if TYPE_CHECKING:
     from ._backend import KafkaBackend
@@ -100,13 +100,11 @@ class KafkaScanner(BackendScanner):
             selected = self._selected
             everything = selected.is_everything
             for offset, head, value in got:
-                if not isinstance(head, bytes):  # not a plain data record: ask classify
-                    kind, envelope_header = classify(offset, head)
-                    if kind is not Kind.DATA:
-                        continue
-                    assert envelope_header is not None
-                    head = envelope_header
-                message = decode_split(head, value or b"", KafkaMessageId(offset))
+                # The plain data layout (the hot path) without a call; else classify.
+                header = head if isinstance(head, bytes) else data_header(offset, head)
+                if header is None:  # invalid, a barrier, a filler or a mark
+                    continue
+                message = decode_split(header, value or b"", KafkaMessageId(offset))
                 if everything or selected.admits(message):
                     out.append(message)
             self._position = fetcher.position - 1

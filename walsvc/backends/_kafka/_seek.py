@@ -27,7 +27,7 @@ from ._fetch import PartitionFetcher
 from ._ids import KafkaMessageId
 from ._log import LogReader
 from ._options import KafkaOptions
-from ._records import Kind, classify
+from ._records import data_header
 
 __all__ = ("start_at_timetick",)
 
@@ -72,13 +72,9 @@ async def _first_valid(fetcher: PartitionFetcher, start: int, stop: int) -> tupl
         for offset, head, _ in records:
             if offset >= stop:
                 return None
-            if not isinstance(head, bytes):  # not a plain data record: ask classify
-                kind, envelope_header = classify(offset, head)
-                if kind is not Kind.DATA:
-                    continue
-                assert envelope_header is not None
-                head = envelope_header
-            return offset, timetick_of(head)
+            header = data_header(offset, head)
+            if header is not None:
+                return offset, timetick_of(header)
         if after <= position:
             return None  # nothing readable here (the end moved back?): no claim on it
         position = after
