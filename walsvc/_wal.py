@@ -36,7 +36,6 @@ from ._coalesce import AppendCoalescer
 from ._context import WALContext
 from ._deliver import DeliverPolicy
 from ._errors import (
-    CorruptRecord,
     InvalidArgument,
     InvalidMessage,
     WALClosed,
@@ -49,7 +48,6 @@ from ._ids import MessageId
 from ._message import (
     SYSTEM_TYPES,
     AppendResult,
-    ImmutableMessage,
     Message,
     MessageType,
     TxnContext,
@@ -58,7 +56,8 @@ from ._scanner import Scanner, Subscription
 from ._serialization import SerializationPoint
 from ._source import LogSource
 from ._timetick import TimetickAllocator
-from ._txn import Txn, TxnReplay
+from ._txn import Txn
+from ._txn_replay import read_committed_txn
 from .backends import Backend
 
 __all__ = (
@@ -391,46 +390,20 @@ class WAL:
         )
 
     async def _replay_txn(self, vchannel: str, key: str, committed: AppendResult) -> Txn:
-        """The handle of a transaction that committed as ``committed``: its begin and body
-        results read back from the log (from the commit's last-confirmed id, which is at
-        or before its BeginTxn, to the commit)."""
-        commit_id = committed.message_id
-        commit = await self._message_at(commit_id)
-        if commit.txn is None:
-            raise CorruptRecord(f"{commit_id!r} holds no transaction's CommitTxn")
-        start = commit.last_confirmed_id
-        deliver = _FROM_THE_START if start is None else DeliverPolicy.start_from(start)
-        begin: AppendResult | None = None
-        bodies: list[AppendResult] = []
-        async with self.read(deliver, [Filter(vchannels=(vchannel,))], raw=True) as scanner:
-            async for message in scanner:
-                if message.txn == commit.txn and message.persisted:
-                    result = AppendResult(
-                        message.message_id, message.timetick, message.last_confirmed_id
-                    )
-                    if message.type is MessageType.BEGIN_TXN:
-                        begin = result
-                    elif not message.type.is_system:
-                        bodies.append(result)
-                if not message.message_id < commit_id:
-                    break
-        if begin is None:
-            raise WALTruncated(
-                f"transaction {commit.txn.txn_id} (idempotency key {key!r}) committed as"
-                f" {commit_id!r}, but its BeginTxn is no longer in the log to replay it from"
-            )
-        replay = TxnReplay(tuple(bodies), committed)
-        return Txn(
-            self._append_internal, commit.txn, vchannel, begin, idempotency_key=key, replay=replay
-        )
+        """The handle of a transaction that committed as ``committed`` (a replay)."""
 
-    async def _message_at(self, message_id: MessageId) -> ImmutableMessage:
-        """The persisted message stored as ``message_id``."""
-        async with self.read(DeliverPolicy.start_from(message_id), raw=True) as scanner:
-            async for message in scanner:
-                if message.persisted:
-                    return message
-        raise WALClosed(f"WAL {self.pchannel!r} is closed")
+        def read(deliver: DeliverPolicy, filters: Iterable[Filter]) -> Scanner:
+            return self.read(deliver, filters, raw=True)
+
+        found = await read_committed_txn(read, vchannel, key, committed)
+        return Txn(
+            self._append_internal,
+            found.context,
+            vchannel,
+            found.begin,
+            idempotency_key=key,
+            replay=found.replay,
+        )
 
     @asynccontextmanager
     async def txn(
