@@ -16,7 +16,7 @@ import scanners
 import walsvc
 from interceptors import TimetickSync
 from walsvc import DeliverPolicy, ImmutableMessage, Message, MessageType
-from walsvc._subscriptions import FileSubscriptionStore
+from walsvc.backends._file._subscriptions import FileSubscriptionStore
 
 _TIMEOUT: Final = 5.0  # a reader that makes no progress for this long is a bug
 

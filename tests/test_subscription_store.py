@@ -33,13 +33,9 @@ from walsvc import (
     WALClosed,
 )
 from walsvc._errors import SubscriptionBusy
-from walsvc._subscriptions import (
-    CheckpointWriter,
-    FileSubscriptionStore,
-    MemorySubscriptionStore,
-    SubscriptionStore,
-)
+from walsvc._subscriptions import CheckpointWriter, MemorySubscriptionStore, SubscriptionStore
 from walsvc.backends import Backend
+from walsvc.backends._file._subscriptions import FileSubscriptionStore
 
 INVALID_NAMES = ["", "-a", ".a", "_a", "a/b", "../a", "a b", "a\n", "é", "a" * 201, "a:b"]
 VALID_NAMES = ["a", "0", "a" * 200, "Sub-1.two_3", "x.tmp"]

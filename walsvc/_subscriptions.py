@@ -1,25 +1,22 @@
 """Durable named subscriptions: where each named reader of a pchannel resumes.
 
 A ``SubscriptionStore`` keeps one ``Checkpoint`` per subscription name beside the log
-(``memory://``: in the process; ``file://``: one small file per name in the pchannel's
-``subscriptions/`` directory). A ``CheckpointWriter`` takes a reader's acknowledgements
-(``note``) and writes the newest one to the store, forward-only and throttled.
+(``memory://``: in the process, here; ``file://``: one small file per name beside the
+log, see the file backend's ``_subscriptions``). A ``CheckpointWriter`` takes a reader's
+acknowledgements (``note``) and writes the newest one to the store, forward-only and
+throttled. ``encode_checkpoint`` is the stored form every durable store writes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import math
-import os
 import re
-import secrets
 import struct
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
-from functools import partial
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from typing import Final, TypeVar, final
 
 from crc32c import crc32c
@@ -32,15 +29,17 @@ from ._errors import (
     SubscriptionBusy,
     WALClosed,
     WALError,
-    WALReadOnly,
 )
 
 __all__ = (
+    "MAX_CHECKPOINT_BYTES",
     "CheckpointWriter",
-    "FileSubscriptionStore",
     "MemorySubscriptionStore",
     "SubscriptionStore",
     "check_subscription_name",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "is_subscription_name",
 )
 
 _R = TypeVar("_R")
@@ -60,11 +59,14 @@ def check_subscription_name(name: str) -> str:
     return name
 
 
+def is_subscription_name(name: str) -> bool:
+    """True if ``name`` is a valid subscription name (see ``check_subscription_name``)."""
+    return _NAME.fullmatch(name) is not None
+
+
 # Claims are process-wide: every store instance for the same log and pchannel shares them.
 _claims_lock: Final = threading.Lock()
 _claims: Final[dict[Hashable, set[str]]] = {}
-# file://: the open lock file of each claimed (claim key, name), guarded by _claims_lock.
-_lock_files: Final[dict[tuple[Hashable, str], int]] = {}
 
 
 class SubscriptionStore(ABC):
@@ -130,8 +132,16 @@ class SubscriptionStore(ABC):
                 if not held:
                     del _claims[self._claim_key]
 
+    @contextmanager
+    def _claims_held(self, name: str) -> Iterator[bool]:
+        """Hold this process's claims (no claim or release starts meanwhile) and say
+        whether ``name`` is free in this process (False: a scanner here reads it)."""
+        with _claims_lock:
+            yield name not in _claims.get(self._claim_key, ())
+
     def _lock(self, name: str) -> None:  # noqa: B027 (a hook; most stores need none)
-        """Hook: claim ``name`` against other processes (raise ``SubscriptionBusy``)."""
+        """Hook: claim ``name`` against other processes (raise ``SubscriptionBusy``).
+        Runs with this process's claims held, as does ``_unlock``."""
 
     def _unlock(self, name: str) -> None:  # noqa: B027
         """Hook: end what ``_lock`` claimed."""
@@ -380,7 +390,7 @@ class MemorySubscriptionStore(SubscriptionStore):
 
 
 # ---------------------------------------------------------------------------------------
-# file://
+# The stored form, shared by every durable store
 
 _MAGIC: Final = b"WSUB"
 _VERSION: Final = 1
@@ -388,10 +398,13 @@ _VERSION: Final = 1
 # checkpoint's marshal() text in ASCII.
 _HEADER: Final = struct.Struct("<4sIBI")
 _MAX_BODY: Final = 1024
+#: The most bytes a stored checkpoint takes (a reader need not read more to decode it).
+MAX_CHECKPOINT_BYTES: Final = _HEADER.size + _MAX_BODY
 
 
-def _encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The bytes of a checkpoint file holding ``checkpoint``."""
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The stored form of ``checkpoint`` (a file of ``file://``, a record value of the
+    brokers): a magic, a CRC32C, a version and its ``marshal()`` text."""
     body = checkpoint.marshal().encode("ascii")
     if len(body) > _MAX_BODY:
         raise InvalidArgument(f"checkpoint {checkpoint!r} is too long to store")
@@ -399,7 +412,7 @@ def _encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     return _MAGIC + crc32c(tail).to_bytes(4, "little") + tail
 
 
-def _decode_checkpoint(path: str, data: bytes) -> Checkpoint:
+def decode_checkpoint(path: str, data: bytes) -> Checkpoint:
     """The checkpoint in ``data`` (the content of the file at ``path``); raise
     ``CorruptRecord`` naming ``path`` if it is truncated, damaged or not a checkpoint
     file."""
@@ -424,212 +437,3 @@ def _decode_checkpoint(path: str, data: bytes) -> Checkpoint:
         raise CorruptRecord(f"{path}: checkpoint is not ASCII text") from exc
     except CorruptRecord as exc:
         raise CorruptRecord(f"{path}: {exc}") from exc
-
-
-@final
-class FileSubscriptionStore(SubscriptionStore):
-    """Subscriptions of a ``file://`` pchannel: the file ``subscriptions/<name>`` inside
-    the pchannel's directory holds the checkpoint of ``name``, with a magic, a version and
-    a CRC32C, so a damaged file raises ``CorruptRecord`` instead of resuming anywhere.
-
-    A save writes a hidden temporary file (``.<name>.<random>.tmp``: names cannot start
-    with a dot, so it never collides with a subscription), fsyncs it, renames it over the
-    old file and fsyncs the directory. Blocking I/O runs in a worker thread. Works on a
-    read-only opened WAL too (the directory is created on the first save or claim).
-
-    A claim also takes an exclusive ``flock`` on ``.<name>.lock`` (holding the claimer's
-    pid), so a scanner of another process reading the same subscription gets
-    ``SubscriptionBusy``; the kernel drops the lock when its process dies.
-    """
-
-    __slots__ = ("_dir_ready", "path")
-
-    def __init__(self, pchannel_path: str) -> None:
-        super().__init__(("file", os.path.realpath(pchannel_path)))
-        #: The directory holding the checkpoint files.
-        self.path = os.path.join(pchannel_path, "subscriptions")
-        self._dir_ready = False
-
-    def _lock(self, name: str) -> None:
-        path = self._lock_path(name)
-        try:
-            self._make_dir()
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise _store_error(f"cannot lock subscription {name!r} ({path})", exc) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise SubscriptionBusy(
-                f"subscription {name!r} is already being read by a scanner of another"
-                f" process (pid {holder}; lock file {path})"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:  # who holds it, for the SubscriptionBusy of others; a full disk may refuse
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
-        except OSError:
-            pass
-        _lock_files[(self._claim_key, name)] = fd
-        self._remove_temporaries(name)  # a save of an earlier holder that never finished
-
-    def sweep(self) -> None:
-        """Remove the temporary files of saves that never finished (their writer was
-        killed) for every name no scanner holds now. Blocking: call from a worker thread.
-        Errors are left for the saves to report."""
-        try:
-            names = {_temporary_owner(entry) for entry in os.listdir(self.path)}
-        except OSError:
-            return
-        for name in names - {None}:
-            assert name is not None
-            with _claims_lock:
-                if name in _claims.get(self._claim_key, ()):
-                    continue  # claimed in this process: its writer may be saving
-                try:
-                    fd = os.open(self._lock_path(name), os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    fd = -1
-                except OSError:
-                    continue
-                try:
-                    if fd >= 0:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue  # claimed by another process
-                try:
-                    self._remove_temporaries(name)
-                finally:
-                    if fd >= 0:
-                        os.close(fd)
-
-    def _remove_temporaries(self, name: str) -> None:
-        try:
-            for entry in os.listdir(self.path):
-                if _temporary_owner(entry) == name:
-                    os.unlink(os.path.join(self.path, entry))
-        except OSError:
-            pass
-
-    def _lock_path(self, name: str) -> str:
-        return os.path.join(self.path, f".{name}.lock")
-
-    def _unlock(self, name: str) -> None:
-        fd = _lock_files.pop((self._claim_key, name), None)
-        if fd is not None:
-            os.close(fd)  # releases the flock
-
-    def _make_dir(self) -> None:
-        if not self._dir_ready:
-            os.makedirs(self.path, exist_ok=True)
-            _fsync_directory(os.path.dirname(self.path))  # the new directory's entry
-            self._dir_ready = True
-
-    def _file(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    async def _load(self, name: str) -> Checkpoint | None:
-        path = self._file(name)
-        data = await _in_thread(f"cannot read checkpoint file {path}", partial(_read_file, path))
-        return None if data is None else _decode_checkpoint(path, data)
-
-    async def _save(self, name: str, checkpoint: Checkpoint) -> None:
-        data = _encode_checkpoint(checkpoint)
-        path = self._file(name)
-        await _in_thread(f"cannot write checkpoint file {path}", partial(self._write, name, data))
-
-    async def _delete(self, name: str) -> None:
-        path = self._file(name)
-        await _in_thread(f"cannot delete checkpoint file {path}", partial(self._unlink, path))
-
-    async def _names(self) -> list[str]:
-        return await _in_thread(f"cannot list subscriptions in {self.path}", self._list)
-
-    # -- worker-thread halves --
-
-    def _write(self, name: str, data: bytes) -> None:
-        self._make_dir()
-        tmp = os.path.join(self.path, f".{name}.{secrets.token_hex(8)}{_TEMPORARY}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._file(name))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        _fsync_directory(self.path)
-
-    def _unlink(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return
-        _fsync_directory(self.path)
-
-    def _list(self) -> list[str]:
-        try:
-            with os.scandir(self.path) as entries:
-                return [e.name for e in entries if _NAME.fullmatch(e.name) and e.is_file()]
-        except FileNotFoundError:
-            return []
-
-
-def _read_file(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as file:
-            return file.read(_HEADER.size + _MAX_BODY + 1)
-    except FileNotFoundError:
-        return None
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-async def _in_thread(what: str, call: Callable[[], _R]) -> _R:
-    """``call()`` in a worker thread, with ``OSError`` translated (``_store_error``)."""
-    try:
-        return await asyncio.get_running_loop().run_in_executor(None, call)
-    except OSError as exc:
-        raise _store_error(what, exc) from exc
-
-
-def _store_error(what: str, exc: OSError) -> WALError:
-    """A store's ``OSError`` as a WALError: ``WALReadOnly`` where the directory cannot be
-    written at all (a read-only mount, no permission), else ``BackendUnavailable``
-    (a full disk, an I/O error: a later try may succeed)."""
-    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return WALReadOnly(
-            f"{what}: {exc}; durable subscriptions keep their checkpoints beside the log,"
-            " and this process cannot write there"
-        )
-    return BackendUnavailable(f"{what}: {exc}")
-
-
-_TEMPORARY: Final = ".tmp"
-
-
-def _temporary_owner(entry: str) -> str | None:
-    """The subscription name a save's temporary file ``.<name>.<random>.tmp`` is for."""
-    if not (entry.startswith(".") and entry.endswith(_TEMPORARY)):
-        return None
-    name, _, _ = entry[1 : -len(_TEMPORARY)].rpartition(".")
-    return name if _NAME.fullmatch(name) else None

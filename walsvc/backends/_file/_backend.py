@@ -31,7 +31,6 @@ from ..._errors import (
 )
 from ..._filter import Filter
 from ..._ids import MessageId
-from ..._subscriptions import FileSubscriptionStore
 from .._base import Backend, BackendScanner
 from ._directory import LogDirectory, fsync_directory
 from ._format import segment_seq
@@ -40,6 +39,7 @@ from ._ids import FileMessageId
 from ._recovery import recover_tail
 from ._scanner import FileRunScanner, FileScanner
 from ._seek import record_before_timetick
+from ._subscriptions import FileSubscriptionStore
 from ._writer import GroupCommitWriter
 
 _S = TypeVar("_S", bound=FileScanner)

@@ -48,9 +48,9 @@ from ..._deliver import Checkpoint
 from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 from ..._subscriptions import (
     SubscriptionStore,
-    _decode_checkpoint,
-    _encode_checkpoint,
     check_subscription_name,
+    decode_checkpoint,
+    encode_checkpoint,
 )
 from ._client import new_admin, new_producer, stop_quietly
 from ._ids import KafkaMessageId
@@ -135,10 +135,10 @@ class KafkaSubscriptionStore(SubscriptionStore):
         if found is None or found.value is None:
             return None
         where = f"{self.topic}@{found.offset} (subscription {name!r})"
-        return _decode_checkpoint(where, found.value)
+        return decode_checkpoint(where, found.value)
 
     async def _save(self, name: str, checkpoint: Checkpoint) -> None:
-        value = _encode_checkpoint(checkpoint)
+        value = encode_checkpoint(checkpoint)
         await self._produce(name, value)
         lc = checkpoint.last_confirmed_id
         offset = lc.seq if isinstance(lc, KafkaMessageId) else 0

@@ -46,9 +46,9 @@ from ..._deliver import Checkpoint
 from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 from ..._subscriptions import (
     SubscriptionStore,
-    _decode_checkpoint,
-    _encode_checkpoint,
     check_subscription_name,
+    decode_checkpoint,
+    encode_checkpoint,
 )
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId
@@ -128,12 +128,12 @@ class PulsarSubscriptionStore(SubscriptionStore):
         message_id, value = found
         if value is None:
             return None
-        return _decode_checkpoint(
+        return decode_checkpoint(
             f"{self.topic}@{message_id.marshal()} (subscription {name!r})", value
         )
 
     async def _save(self, name: str, checkpoint: Checkpoint) -> None:
-        await self._produce(name, _encode_checkpoint(checkpoint), {})
+        await self._produce(name, encode_checkpoint(checkpoint), {})
 
     async def _delete(self, name: str) -> None:
         await self._produce(name, b"", {DELETED: "1"})
