@@ -57,7 +57,7 @@ from ._message import (
 from ._node import Node, open_node
 from ._open import open_wal
 from ._registry import known_schemes, register_backend
-from ._routing import Routing
+from ._routing import Routing, balanced_pins
 from ._scanner import Scanner
 from ._timetick import HybridClock, TimetickAllocator
 from ._txn import Txn, TxnState
@@ -118,6 +118,7 @@ __all__ = (
     "WALReadOnly",
     "WALTruncated",
     "WalConfig",
+    "balanced_pins",
     "known_schemes",
     "load_config",
     "open_node",

@@ -43,7 +43,12 @@ _ROUTE_CACHE: Final = 1 << 16
 
 
 async def open_node(
-    url: str, pchannels: Iterable[str], *, migrate: bool = False, **open_wal_kwargs: Any
+    url: str,
+    pchannels: Iterable[str],
+    *,
+    pins: Mapping[str, str] | None = None,
+    migrate: bool = False,
+    **open_wal_kwargs: Any,
 ) -> Node:
     """Open every pchannel of ``pchannels`` at ``url`` (concurrently) and return the
     ``Node`` that routes vchannels over them; on any failure close what was opened and
@@ -57,6 +62,12 @@ async def open_node(
     read them. A concurrent ``open_node`` that stored first makes this one raise
     ``WALFenced`` with nothing stored.
 
+    ``pins`` (vchannel -> pchannel of ``pchannels``) place vchannels by hand; the others
+    go by the hash (``walsvc.balanced_pins`` computes pins for an even spread). None (the
+    default) takes the stored pins as they are (a migration keeps them; one naming a
+    pchannel the new list drops raises ``InvalidArgument``); a mapping must equal the
+    stored pins, or, with ``migrate=True``, replaces them in version N+1 (``{}``: no pins).
+
     ``open_wal_kwargs`` go to every ``walsvc.open_wal`` call, except that one timetick
     allocator serves all pchannels (a fresh ``HybridClock`` unless you pass one) and
     ``interceptors``, since an interceptor serves one WAL, is None (the default chain),
@@ -64,6 +75,7 @@ async def open_node(
     With ``read_only=True`` the stored routing must exist and match.
     """
     wanted = _checked_pchannels(pchannels)
+    asked = None if pins is None else Routing(1, wanted, pins=_checked_pins(pins))
     read_only = open_wal_kwargs.get("read_only", False)
     if type(migrate) is not bool or type(read_only) is not bool:
         raise InvalidArgument("migrate and read_only take a bool")
@@ -85,15 +97,21 @@ async def open_node(
         if stored is None:
             if read_only:
                 raise InvalidArgument(f"no routing is stored at {url}; open it read-write first")
-            routing = Routing(1, wanted)
-        elif stored.pchannels == wanted:
+            routing = asked or Routing(1, wanted)
+        elif stored.pchannels == wanted and (asked is None or asked.pins == stored.pins):
             routing = stored
         elif not migrate:
-            raise mismatch(url, stored, wanted)
+            raise mismatch(url, stored, asked or Routing(1, wanted))
         else:
+            kept = stored.pins if asked is None else asked.pins
+            if lost := [(v, p) for v, p in kept if p not in wanted]:
+                raise InvalidArgument(
+                    f"the stored pins {dict(lost)} name pchannels the new list drops;"
+                    " pass pins= with the new placement"
+                )
             both = dict.fromkeys([*stored.pchannels, *wanted])
             cuts = await take_cuts(url, both, allocator, options)
-            routing = Routing(stored.version + 1, wanted, cuts=cuts)
+            routing = Routing(stored.version + 1, wanted, cuts=cuts, pins=kept)
         wals = await _open_all(url, wanted, wal_kwargs)
         try:
             if routing is not stored:
@@ -325,6 +343,12 @@ def _checked_pchannels(pchannels: Iterable[str]) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise InvalidArgument(f"pchannels repeat a name: {list(names)}")
     return names
+
+
+def _checked_pins(pins: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(pins, Mapping):
+        raise InvalidArgument(f"pins takes a mapping of vchannel to pchannel, not {pins!r}")
+    return tuple(pins.items())
 
 
 def _wal_kwargs(
