@@ -156,19 +156,27 @@ class Dedup:
             return
         floor = max(0, await context.last_durable_timetick() - self._age_ticks)
         start = await context.start_at_timetick(floor)
+        # Each message is noted as the scanner delivers it, so the rebuild works a step
+        # of the read at a time (the read yields to the loop between steps, see
+        # walsvc._budget) and never holds the whole window's messages.
         try:
-            found = [m async for m in read_through(context, start, latest, floor)]
+            async for message in read_through(context, start, latest, floor):
+                self._note_settled(message)
         except WALTruncated:  # truncated meanwhile: what is retained is all there is
-            found = [m async for m in read_through(context, DeliverPolicy.all(), latest, floor)]
-        window = self._window
-        for message in found:
-            key = _settled_key(message)
-            if key is not None and key not in window:
-                entry = _Entry(None, message.txn is not None)
-                entry.result = _result_of(message)
-                window[key] = entry  # keyed appends wait for this: the window was empty
-                self.rebuilt += 1
+            async for message in read_through(context, DeliverPolicy.all(), latest, floor):
+                self._note_settled(message)
         self._evict()
+
+    def _note_settled(self, message: ImmutableMessage) -> None:
+        """Put a keyed message the rebuild read into the window."""
+        key = _settled_key(message)
+        if key is not None and key not in self._window:
+            entry = _Entry(None, message.txn is not None)
+            entry.result = _result_of(message)
+            self._window[key] = entry  # keyed appends wait for this: the window was empty
+            self.rebuilt += 1
+            if len(self._window) > self._max_keys:
+                self._evict()  # one key at a time, not the excess of a whole window at the end
 
     # -- appends ------------------------------------------------------------------------
 

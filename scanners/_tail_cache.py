@@ -310,14 +310,18 @@ class TailCache:
         """True if the entry at ``slot`` was evicted (or the cache reset past it)."""
         return slot < self._head
 
+    def has_entry(self, slot: int) -> bool:
+        """True if the cache holds an acknowledged entry at ``slot`` (not evicted)."""
+        return self._head <= slot < self._durable_end
+
     def read(
-        self, slot: int, selected: Filter
+        self, slot: int, selected: Filter, limit: int = _BATCH
     ) -> tuple[list[ImmutableMessage], int, MessageId | None]:
-        """Up to 1024 entries from ``slot`` that ``selected`` admits, the slot after the
-        last one examined (``slot`` itself when nothing is there yet) and that entry's
-        id. The caller checks ``evicted_before`` first."""
+        """The entries ``selected`` admits among up to ``limit`` from ``slot``, the slot
+        after the last one examined (``slot`` itself when nothing is there yet) and that
+        entry's id. The caller checks ``evicted_before`` first."""
         start = self._start
-        end = min(self._durable_end, slot + _BATCH)
+        end = min(self._durable_end, slot + limit)
         if slot >= end:
             return [], slot, None
         chunk = self._items[slot - start : end - start]

@@ -29,6 +29,7 @@ from typing import Final, NoReturn, final
 import msgspec
 
 from . import _compiled
+from ._budget import DECODE_COST
 from ._errors import CorruptRecord, MessageTooLarge, WALError
 from ._filter import Filter, vchannel_hash
 from ._ids import MessageId, unmarshal_message_id
@@ -41,6 +42,7 @@ __all__ = (
     "are_plain",
     "count_run",
     "decode",
+    "decode_chunk",
     "decode_run",
     "decode_split",
     "encode",
@@ -440,21 +442,47 @@ def decode_run(
     if end is None:
         end = len(data)
     offset = _step_over(data, start, end, skip)
-    seq = first_seq + skip
+    # Every envelope is at least a header long: end - offset bounds the count.
+    units = (end - offset) * DECODE_COST
+    return decode_chunk(data, first_seq + skip, make_id, selected, offset, end, units)[0]
+
+
+def decode_chunk(
+    data: bytes | memoryview,
+    first_seq: int,
+    make_id: Callable[[int], MessageId],
+    selected: Filter,
+    start: int,
+    end: int,
+    units: int,
+) -> tuple[list[ImmutableMessage], int, int, int]:
+    """``decode_run`` from byte ``start`` (that envelope gets id ``make_id(first_seq)``)
+    for as long as ``units`` last (see ``_budget``: an envelope decoded costs
+    ``DECODE_COST``, one its header rejects costs 1, and at least one envelope is
+    examined): the messages ``selected`` admits, the offset just past the last envelope
+    examined (``end`` once the run is done), the sequence number after it, and the units
+    spent. For readers that decode a long run a step at a time."""
+    offset = start
+    seq = first_seq
     unpack = _SCAN.unpack_from
     out: list[ImmutableMessage] = []
     # One loop per filter shape keeps the per-record work of the hot scan to one unpack
     # and one set lookup; this is the loop that bounds replay speed.
     if selected.is_everything:
-        while offset < end:
+        stop = first_seq + max(1, units // DECODE_COST)
+        while offset < end and seq < stop:
             message, offset = _decode_at(data, offset, end, make_id(seq))
             out.append(message)
             seq += 1
-        return out
+        return out, offset, seq, (seq - first_seq) * DECODE_COST
+    # A rejected envelope costs one unit, so ``stop`` bounds the envelopes examined; a
+    # decoded one moves ``stop`` back by the rest of its cost.
+    stop = first_seq + units
+    extra = DECODE_COST - 1
     admits = selected.admits
     hashes = selected.vchannel_hashes
     if hashes is not None and selected.vchannels_only:
-        while offset < end:
+        while offset < end and seq < stop:
             if end - offset < HEADER_SIZE:
                 raise CorruptRecord(f"run ends inside a record header at byte {offset}")
             version, _, total, vc_hash = unpack(data, offset)
@@ -464,11 +492,12 @@ def decode_run(
                 message, _ = _decode_at(data, offset, offset + total, make_id(seq))
                 if admits(message):
                     out.append(message)
+                stop -= extra
             offset += total
             seq += 1
-        return out
+        return out, offset, seq, units - (stop - seq)
     prefilter = selected.prefilter
-    while offset < end:
+    while offset < end and seq < stop:
         if end - offset < HEADER_SIZE:
             raise CorruptRecord(f"run ends inside a record header at byte {offset}")
         version, type_no, total, vc_hash = unpack(data, offset)
@@ -478,9 +507,10 @@ def decode_run(
             message, _ = _decode_at(data, offset, offset + total, make_id(seq))
             if admits(message):
                 out.append(message)
+            stop -= extra
         offset += total
         seq += 1
-    return out
+    return out, offset, seq, units - (stop - seq)
 
 
 def ext_fields(

@@ -23,6 +23,7 @@ from typing import Literal, final
 
 from scanners._tail_cache import TailCache
 
+from ._budget import CACHED_COST, STEP, turn
 from ._deliver import DeliverPolicy
 from ._errors import WALClosed
 from ._filter import Filter
@@ -201,16 +202,22 @@ class LogSource:
         if cache.evicted_before(slot):
             self._fall_back(cache)
             return ()
-        batch, after, last = cache.read(slot, self._selected)
-        if after != slot:
+        if cache.has_entry(slot):
+            # A step at a time, like a decoding reader (see _budget): an entry costs
+            # CACHED_COST units, nothing is decoded but the stages after handle it.
+            budget = await turn()
+            if self._closed or cache.evicted_before(slot):
+                return ()  # (next_batch looks again)
+            batch, after, last = cache.read(slot, self._selected, STEP // CACHED_COST)
+            if after == slot:  # reset meanwhile
+                return ()
+            budget.spend((after - slot) * CACHED_COST)
             self._slot = after
             self._position, self._positioned = last, True
             self._idle_ticks_ok = True
             self._note_reader()
             if batch:
                 self._last_tick = batch[-1].timetick
-            else:
-                await asyncio.sleep(0)  # a long filtered-out run must not hog the loop
             return batch
         tick = self._idle_tick(cache)
         if tick is not None:

@@ -12,6 +12,7 @@ import bisect
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, final
 
+from .._budget import DECODE_COST, STEP, turn
 from .._codec import decode_run, timetick_of
 from .._deliver import DeliverPolicy
 from .._errors import InvalidArgument, WALClosed, WALFenced, WALTruncated
@@ -22,8 +23,6 @@ from .._subscriptions import MemorySubscriptionStore
 from ._base import Backend, BackendScanner
 
 __all__ = ("MemoryBackend", "MemoryMessageId", "backend_class")
-
-_BATCH = 1024
 
 
 @final
@@ -234,13 +233,19 @@ class _MemoryScanner(BackendScanner):
                     f"memory WAL {self._backend.pchannel!r}: position {seq} was truncated;"
                     f" the log starts at {log.first_seq}"
                 )
-            end = min(log.end_seq, seq + _BATCH)
-            if seq < end:
+            if seq < log.end_seq:
+                # A step at a time (see _budget): a record costs DECODE_COST units,
+                # decoded or not (the memory log's records are decoded whole).
+                budget = await turn()
+                if self._closed or seq < log.first_seq:
+                    continue  # (raises at the top)
+                end = min(log.end_seq, seq + STEP // DECODE_COST)
                 out: list[ImmutableMessage] = []
                 base = log.first_seq
                 for i in range(seq - base, end - base):
                     out += decode_run(log.records[i], base + i, MemoryMessageId, self._selected)
                 self._next_seq = end
+                budget.spend((end - seq) * DECODE_COST)
                 if out:
                     return out
                 continue

@@ -7,33 +7,52 @@ import asyncio
 import bisect
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from ..._codec import decode_run, offset_after
+from ..._budget import STEP, turn
+from ..._codec import decode_chunk, offset_after
 from ..._errors import BackendUnavailable, CorruptRecord, WALClosed, WALTruncated
 from ..._filter import Filter
 from ..._ids import MessageId
 from ..._message import ImmutableMessage
 from .._base import BackendScanner, EnvelopeRun
-from ._frames import read_frames
+from ._format import FrameHeader
+from ._frames import BLOCK_SIZE, FrameBlock, read_frames
+from ._head import HeadState
 from ._ids import FileMessageId
 from ._seek import NEAR, frame_at, frame_from, last_frame_where
 
 if TYPE_CHECKING:
     from ._backend import FileBackend
 
-__all__ = ("FileRunScanner", "FileScanner")
+__all__ = ("INLINE_READ", "FileRunScanner", "FileScanner")
+
+#: A read of at most this many bytes (a tailing scanner's: what is new below the
+#: durable end) is made on the event loop: the bytes were just written, so they are in
+#: the page cache, and a worker thread's round trip costs more than the copy.
+INLINE_READ: Final = 64 * 1024
 
 
 class FileScanner(BackendScanner):
-    """Messages of one file log from a start sequence number, in log order."""
+    """Messages of one file log from a start sequence number, in log order.
+
+    A block read from a segment is decoded a step at a time (``_budget.STEP`` records at
+    most), each step after ``_budget.turn()``: a scanner catching up never holds the
+    event loop for a whole block. At the end of the log a read asks only for the bytes
+    below the head's durable end, and small reads (a tailing scanner's) are made on the
+    loop instead of in a worker thread.
+    """
 
     __slots__ = (
+        "_at",
         "_backend",
+        "_block_end",
         "_busy",
         "_closed",
         "_deliver_from",
         "_fd",
+        "_frame",
+        "_frames",
         "_offset",
         "_offset_seq",
         "_segment",
@@ -54,6 +73,15 @@ class FileScanner(BackendScanner):
         self._offset = 0
         self._offset_seq = 0  # sequence number of the record at _offset
         self._waiter: asyncio.Future[None] | None = None
+        # The durable frames of the last block read that are not consumed yet, from
+        # _frames[_frame]; _at is the byte offset in that frame's body of record
+        # _deliver_from when a step stopped inside it, else -1.
+        self._frames: list[tuple[FrameHeader, memoryview]] = []
+        self._frame = 0
+        self._at = -1
+        # Why the last block ended (stop, error, durable end), acted on once its frames
+        # are consumed; None if it was cut at a frame not yet durable.
+        self._block_end: tuple[str, CorruptRecord | None, int] | None = None
 
     async def next_batch(self) -> Sequence[ImmutableMessage]:
         return await self._next_items()
@@ -66,61 +94,121 @@ class FileScanner(BackendScanner):
             path = self._backend.directory.segment_path(self._segment)
             raise BackendUnavailable(f"cannot read {path}: {exc}") from exc
 
-    def _decode(self, body: memoryview, first_seq: int, skip: int) -> list[Any]:
-        """The items a frame's records make: the messages the filter admits."""
-        return decode_run(body, first_seq, FileMessageId, self._selected, skip=skip)
+    def _decode(
+        self, body: memoryview, first_seq: int, at: int, units: int, end_seq: int
+    ) -> tuple[list[Any], int, int, int]:
+        """The items the records of a frame's body (whose last record is ``end_seq - 1``)
+        from byte ``at`` (record ``first_seq``) make while ``units`` last
+        (``_codec.decode_chunk``): the messages the filter admits, the byte offset and
+        record after the last one examined, and the units spent."""
+        return decode_chunk(body, first_seq, FileMessageId, self._selected, at, len(body), units)
 
     async def _walk(self) -> list[Any]:
-        """What ``_decode`` makes of the next frames with records at or after
-        ``_deliver_from``, waiting for them at the end of the log."""
+        """What ``_decode`` makes of the next records at or after ``_deliver_from``, a
+        step at a time, waiting for them at the end of the log."""
         directory = self._backend.directory
         loop = asyncio.get_running_loop()
         while True:
             if self._closed:
                 raise WALClosed("scanner is closed")
+            if self._frame < len(self._frames):
+                out = await self._step()
+                if out:
+                    return out
+                continue
+            ended, self._block_end = self._block_end, None
+            if ended is not None:
+                stop, error, durable_end = ended
+                if stop in ("bad", "partial") and await self._skip_damage(loop):
+                    continue
+                self._after_block(stop, error, durable_end)
+                continue
             state = directory.head.read()
             if self._fd is None:
                 self._position(state.first_seq)
                 await self._seek(loop)
                 continue  # closed meanwhile? the head moved on?
             if self._offset_seq >= state.durable_end or (self._deliver_from >= state.durable_end):
-                await self._wait()
+                await self._wait(state.durable_end)
                 continue
-            assert self._fd is not None
-            self._busy = True
-            try:
-                block = await loop.run_in_executor(None, read_frames, self._fd, self._offset)
-            finally:
-                self._busy = False
-                if self._closed:
-                    self._close_fd()
+            block = await self._read_block(loop, state)
             if self._closed:
                 raise WALClosed("scanner is closed")
-            out: list[Any] = []
-            for header, body in block.frames:
+            frames = block.frames
+            cut = False
+            for i, (header, _) in enumerate(frames):
                 if header.first_seq >= state.durable_end:
-                    break  # written but not yet durable
+                    frames, cut = frames[:i], True  # written but not yet durable
+                    break
+            self._frames, self._frame, self._at = frames, 0, -1
+            if not cut:
+                self._block_end = (block.stop, block.error, state.durable_end)
+
+    async def _read_block(self, loop: asyncio.AbstractEventLoop, state: HeadState) -> FrameBlock:
+        """The frames from ``_offset``: no further than the durable end when it lies in
+        this segment, read on the loop when that is at most ``INLINE_READ`` bytes."""
+        fd = self._fd
+        assert fd is not None
+        size = BLOCK_SIZE
+        if state.end_segment == self._segment and state.end_offset > self._offset:
+            size = min(size, state.end_offset - self._offset)
+            if size <= INLINE_READ:
+                return read_frames(fd, self._offset, size)
+        self._busy = True
+        try:
+            return await loop.run_in_executor(None, read_frames, fd, self._offset, size)
+        finally:
+            self._busy = False
+            if self._closed:
+                self._close_fd()
+
+    async def _step(self) -> list[Any]:
+        """Decode up to ``STEP`` units of the pending frames, once the loop's iteration
+        has budget for them."""
+        budget = await turn()
+        if self._closed:
+            raise WALClosed("scanner is closed")
+        directory = self._backend.directory
+        frames = self._frames
+        left = STEP
+        out: list[Any] = []
+        while left > 0 and self._frame < len(frames):
+            header, body = frames[self._frame]
+            at = self._at
+            if at < 0:  # a new frame
                 if header.first_seq != self._offset_seq:
                     raise CorruptRecord(
                         f"{directory.segment_path(self._segment)}: frame at offset"
                         f" {header.offset} starts at record {header.first_seq},"
                         f" expected {self._offset_seq}"
                     )
-                if header.end_seq > self._deliver_from:
-                    out += self._decode(
-                        body, header.first_seq, max(0, self._deliver_from - header.first_seq)
-                    )
-                    self._deliver_from = header.end_seq
+                skip = self._deliver_from - header.first_seq
+                at = 0
+                if skip >= header.count:
+                    at = len(body)  # every record was delivered before, or is not asked for
+                elif skip > 0:
+                    at = offset_after(body, skip)
+                else:
+                    self._deliver_from = header.first_seq
+            if at < len(body):
+                got, at, seq, spent = self._decode(
+                    body, self._deliver_from, at, left, header.end_seq
+                )
+                out += got
+                left -= spent
+                self._deliver_from = seq
+            if at >= len(body):  # the frame is done
+                self._deliver_from = max(self._deliver_from, header.end_seq)
                 directory.index.note(self._segment, header.first_seq, header.offset)
                 self._offset = header.end
                 self._offset_seq = header.end_seq
-            else:
-                if block.stop in ("bad", "partial") and await self._skip_damage(loop):
-                    continue
-                self._after_block(block.stop, block.error, state.durable_end)
-            if out:
-                return out
-            await asyncio.sleep(0)  # a long run of rejected records must not hog the loop
+                self._frame += 1
+                at = -1
+            self._at = at
+        budget.spend(STEP - left)
+        if self._frame >= len(frames):
+            self._frames, self._frame = [], 0  # let the block go
+        return out
 
     async def _skip_damage(self, loop: asyncio.AbstractEventLoop) -> bool:
         """The frame at ``_offset`` is bad. If it lies before ``_deliver_from`` (records
@@ -252,19 +340,17 @@ class FileScanner(BackendScanner):
             os.close(self._fd)
         self._fd, self._segment = fd, segment
 
-    async def _wait(self) -> None:
-        """Wait for an append in this process, or poll for one from another process."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+    async def _wait(self, durable_end: int) -> None:
+        """Wait for the durable end to move past ``durable_end``: an append in this
+        process wakes at once, another process's is seen by the directory's shared poll
+        of the head file (every ``poll_interval``)."""
+        watch = self._backend.directory.watch
+        waiter = watch.wait(durable_end, self._backend.poll_interval)
         self._waiter = waiter
-        signal = self._backend.directory.signal
-        signal.add(waiter)
-        timer = loop.call_later(self._backend.poll_interval, _set, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
-            signal.discard(waiter)
+            watch.discard(waiter)
             self._waiter = None
 
     def position(self) -> MessageId | None:
@@ -298,8 +384,11 @@ class FileRunScanner(FileScanner):
         """The next one or more runs, in log order, waiting until there is one."""
         return await self._next_items()
 
-    def _decode(self, body: memoryview, first_seq: int, skip: int) -> list[Any]:
-        return [EnvelopeRun(first_seq + skip, body, offset_after(body, skip))]
+    def _decode(
+        self, body: memoryview, first_seq: int, at: int, units: int, end_seq: int
+    ) -> tuple[list[Any], int, int, int]:
+        # Nothing is decoded here: the rest of the frame is one step, one unit a record.
+        return [EnvelopeRun(first_seq, body, at)], len(body), end_seq, end_seq - first_seq
 
 
 def _seek_record(fd: int, offset: int, seq: int, target: int) -> tuple[int, int] | None:

@@ -13,12 +13,14 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+from ..._budget import DECODE_COST, STEP, turn
 from ..._codec import decode_split
 from ..._errors import WALClosed
 from ..._filter import Filter
 from ..._ids import MessageId
 from ..._message import ImmutableMessage
 from .._base import BackendScanner
+from ._batches import Walked
 from ._fetch import PartitionFetcher
 from ._ids import KafkaMessageId
 from ._records import data_header
@@ -39,11 +41,14 @@ class KafkaScanner(BackendScanner):
         "_backend",
         "_bounds",
         "_closed",
+        "_end",
         "_fetcher",
         "_latest",
+        "_pending",
         "_position",
         "_selected",
         "_start",
+        "_taken",
     )
 
     reports_position = True
@@ -58,6 +63,11 @@ class KafkaScanner(BackendScanner):
         self._closed = False
         self._fetcher: PartitionFetcher | None = None
         self._position = -1 if start is None else start - 1
+        # The records of the last response not decoded yet: _pending[_taken:]; the
+        # position after them is _end.
+        self._pending: list[Walked] = []
+        self._taken = 0
+        self._end = self._position
         # The end (for latest) is looked up from now on, not at the first read, so the
         # window in which an append can go unseen is one request, not the caller's delay.
         self._bounds: asyncio.Task[tuple[int, int]] | None = None
@@ -90,16 +100,29 @@ class KafkaScanner(BackendScanner):
         while True:
             if self._closed:
                 raise WALClosed("scanner is closed")
-            fetcher = self._fetcher
-            if fetcher is None:
-                fetcher = await self._open()
-            got = await fetcher.next()
+            got = self._pending
+            if not got:
+                fetcher = self._fetcher
+                if fetcher is None:
+                    fetcher = await self._open()
+                got = await fetcher.next()
+                if self._closed:
+                    raise WALClosed("scanner is closed")
+                self._end = fetcher.position - 1
+                if not got:
+                    self._position = self._end
+                    continue
+                self._pending, self._taken = got, 0
+            # A response is decoded a step at a time (see walsvc._budget).
+            budget = await turn()
             if self._closed:
                 raise WALClosed("scanner is closed")
+            start = self._taken
+            stop = min(len(got), start + STEP // DECODE_COST)
             out: list[ImmutableMessage] = []
             selected = self._selected
             everything = selected.is_everything
-            for offset, head, value in got:
+            for offset, head, value in got[start:stop]:
                 # The plain data layout (the hot path) without a call; else classify.
                 header = head if isinstance(head, bytes) else data_header(offset, head)
                 if header is None:  # invalid, a barrier, a filler or a mark
@@ -107,7 +130,13 @@ class KafkaScanner(BackendScanner):
                 message = decode_split(header, value or b"", KafkaMessageId(offset))
                 if everything or selected.admits(message):
                     out.append(message)
-            self._position = fetcher.position - 1
+            budget.spend((stop - start) * DECODE_COST)
+            if stop == len(got):
+                self._pending, self._taken = [], 0
+                self._position = self._end
+            else:
+                self._taken = stop
+                self._position = got[stop - 1][0]
             if out:
                 return out
 

@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final
 
+from ..._budget import CACHED_COST, DECODE_COST, STEP, turn
 from ..._codec import decode_split
 from ..._deliver import DeliverPolicy
 from ..._errors import BackendUnavailable, CorruptRecord, WALClosed, WALError
@@ -71,6 +72,9 @@ class PulsarScanner(BackendScanner):
     async def next_batch(self) -> Sequence[ImmutableMessage]:
         if self._closed:
             raise WALClosed("scanner is closed")
+        # What the reading task decoded is handed over a step at a time too: the stages
+        # after the scanner handle each message (see walsvc._budget).
+        budget = await turn()
         item = await self._queue.get()
         if item is _CLOSED:
             self._queue.put_nowait(_CLOSED)  # for the next caller too
@@ -80,12 +84,14 @@ class PulsarScanner(BackendScanner):
             raise item
         assert isinstance(item, list)
         batch: list[ImmutableMessage] = item
-        while not self._queue.empty():
+        # Up to a step of what the reading task queued (see walsvc._budget).
+        while not self._queue.empty() and len(batch) < STEP // DECODE_COST:
             more = self._queue.get_nowait()
             if not isinstance(more, list):
                 self._queue.put_nowait(more)  # raised on the next call
                 break
             batch += more
+        budget.spend(len(batch) * CACHED_COST)
         return batch
 
     async def aclose(self) -> None:
@@ -105,14 +111,20 @@ class PulsarScanner(BackendScanner):
     async def _pump(self, deliver: DeliverPolicy) -> None:
         try:
             validator, after, floor, links = await self._position(deliver)
+            step = STEP // DECODE_COST
             while True:
-                batch: list[ImmutableMessage] = []
-                for link in links:
-                    valid = validator.push(link)
-                    if valid:
-                        batch += self._decode(valid, after, floor)
-                if batch:
-                    await self._queue.put(batch)
+                # The links are validated and decoded a step at a time (see
+                # walsvc._budget), each step queued on its own.
+                for start in range(0, len(links), step):
+                    budget = await turn()
+                    batch: list[ImmutableMessage] = []
+                    for link in links[start : start + step]:
+                        valid = validator.push(link)
+                        if valid:
+                            batch += self._decode(valid, after, floor)
+                    budget.spend(min(step, len(links) - start) * DECODE_COST)
+                    if batch:
+                        await self._queue.put(batch)
                 links = await self._next_links()
         except asyncio.CancelledError:
             raise
