@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from _spark import read_all, spark
@@ -32,6 +33,7 @@ from walsvc.spark import (
     BatchProgress,
     default_checkpoint,
     flush,
+    flushed_files,
     read_flushed,
     start_flush,
 )
@@ -216,6 +218,46 @@ def test_flush_writes_each_committed_message_once_partitioned_by_vchannel(
     # batch numbers it logged: refused before anything starts.
     with pytest.raises(walsvc.InvalidArgument, match="_spark_metadata"):
         start_flush(spark, url=url, pchannels="p0", to=to, checkpoint=str(tmp_path / "new"))
+
+
+def test_flushed_files_are_the_files_spark_reads(spark: Any, tmp_path: Path) -> None:
+    """``flushed_files`` on a real flush's output, its sink log compacted every 2 batches
+    and the batch files a compaction covers cleaned up at once: the files Spark reads
+    there, not a file no log names, and pyarrow reads every flushed row from them."""
+    import pyarrow.parquet as pq
+
+    url, to = f"file://{tmp_path / 'wal'}", tmp_path / "out"
+    fill_rounds(url, "p0", range(2), plain=40)
+    conf = {
+        "spark.sql.streaming.fileSink.log.compactInterval": "2",
+        "spark.sql.streaming.fileSink.log.cleanupDelay": "0",
+    }
+    before = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        batches = flush(spark, url=url, pchannels="p0", to=str(to), max_records_per_trigger=25)
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+    assert len(batches) >= 4, batches
+    assert any(p.suffix == ".compact" for p in (to / "_spark_metadata").iterdir())
+    files = flushed_files(to)
+    # A micro-batch that died before its commit leaves a file no log names.
+    stray = Path(files[0]).with_name("part-99999-stray.snappy.parquet")
+    stray.write_bytes(Path(files[0]).read_bytes())
+    assert flushed_files(to) == files
+    assert len(set(files)) == len(files)
+    read_by_spark = {
+        urlsplit(f).path for f in spark.read.schema("timetick long").parquet(str(to)).inputFiles()
+    }
+    assert set(files) == {unquote(p) for p in read_by_spark}
+    assert str(stray) not in files
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    assert rows == read_flushed(spark, str(to)).count() == sum(b.rows for b in batches)
 
 
 def test_flush_options_and_progress_reports() -> None:

@@ -9,7 +9,7 @@ planned but not committed is re-run with the same range after a restart) and the
 wrote; a batch already in it is not written again). Files of a batch that died before
 its commit stay on disk but are in no log: readers that honour ``_spark_metadata``
 (``spark.read.parquet``, ``read_flushed``) never see them; readers that list the
-directory (pyarrow, DuckDB) do.
+directory (pyarrow, DuckDB) do, unless given ``flushed_files`` (``_sink_log``).
 
 The checkpoint defaults to ``<to>/_walsvc_checkpoint``, so an output directory and its
 checkpoint are kept, moved and deleted together (Spark and pyarrow skip ``_`` names when
@@ -39,8 +39,10 @@ from .._errors import InvalidArgument
 from ._options import SourceOptions, parse_source_options
 from ._ranges import latest_ids
 from ._rows import COLUMNS, SCHEMA
+from ._sink_log import SINK_LOG
 from ._source import WalDataSource
 from ._sync import run
+from ._workers import check_workers
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,8 +71,6 @@ FLUSH_APP: Final = str(Path(__file__).with_name("_flush_app.py"))
 
 #: Options the flush sets itself (by their parameters), in Spark's case-folded form.
 _OWN_OPTIONS: Final = frozenset({"url", "pchannels", "maxrecordspertrigger", "path"})
-#: The sink's log of committed files, inside the output directory.
-_SINK_LOG: Final = "_spark_metadata"
 
 
 @final
@@ -176,14 +176,16 @@ def start_flush(
     (``vchannels``, ``types``, ``timetickFrom``, ``backend.<name>``, ...). A relative
     ``file://`` URL is made absolute here, since executors run elsewhere.
 
-    Registers the ``walsvc`` data source in ``spark``. Raises ``walsvc.WALError`` before
-    starting anything if ``check_source`` fails or the output already holds a flush log
-    that the checkpoint does not know. Must not be called from a running event loop.
+    Registers the ``walsvc`` data source in ``spark`` (with ``register``'s check of the
+    workers' Python). Raises ``walsvc.WALError`` before starting anything if that check
+    or ``check_source`` fails, or the output already holds a flush log that the
+    checkpoint does not know. Must not be called from a running event loop.
     """
     options = _reader_options(url, pchannels, max_records_per_trigger, source_options)
     _check(options)
     checkpoint = checkpoint or default_checkpoint(to)
     _check_checkpoint(to, checkpoint)
+    check_workers(spark)  # the workers plan and read: they must import walsvc
     spark.dataSource.register(WalDataSource)  # idempotent: the caller need not have
     if not any(key.lower() == "minpartitions" for key in options):
         # Every core reads: a micro-batch's ranges are cut at least this fine.
@@ -391,9 +393,9 @@ def _check_checkpoint(to: str, checkpoint: str) -> None:
     output, state = _local_dir(to), _local_dir(checkpoint)
     if output is None or state is None:
         return
-    if any(_batch_files(output / _SINK_LOG)) and not any(_batch_files(state / "offsets")):
+    if any(_batch_files(output / SINK_LOG)) and not any(_batch_files(state / "offsets")):
         raise InvalidArgument(
-            f"{to} already holds flushed batches (its {_SINK_LOG} log) but the checkpoint"
+            f"{to} already holds flushed batches (its {SINK_LOG} log) but the checkpoint"
             f" {checkpoint} has none; the file sink would skip the batch numbers it logged"
             " and lose data. Use the checkpoint that wrote it, or a new output directory."
         )
