@@ -4,6 +4,9 @@ choice, the errors, and a round trip from a config to an open WAL."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
+import socket
 import uuid
 from pathlib import Path
 
@@ -337,9 +340,13 @@ def test_auto_picks_the_present_section_highest_in_the_priority(
     assert walsvc._config.BACKEND_PRIORITY == ("pulsar", "kafka", "file", "memory")
     assert (config.requested, config.backend) == ("auto", chosen)
     assert config.url.startswith(f"{chosen}://")
-    assert f"[wal.{chosen}] is the present section highest in the priority" in config.reason
+    from_file = f"(from config file {config.source})"
+    assert (
+        f"backend 'auto' (the default): [wal.{chosen}] {from_file} is the present section"
+        " highest in the priority" in config.reason
+    )
     for ignored in set(sections) - {chosen}:
-        assert f"[wal.{ignored}]" in config.reason
+        assert f"[wal.{ignored}] {from_file}" in config.reason
     assert f"backend: {chosen}\nreason: {config.reason}\nurl: {config.url}\n" in (config.describe())
 
 
@@ -438,3 +445,102 @@ async def test_round_trip_memory_wal_from_the_environment() -> None:
     )
     assert config.url == f"memory://{name}"
     await _append_and_read_back(config, "p0")
+
+
+# ---------------------------------------------------------------------------------------
+# Saying which source chose the backend; nodes from a configuration
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_a_stray_variable_that_switches_auto_is_named(tmp_path: Path) -> None:
+    """The file configures [wal.file]; a forgotten WALSVC_WAL__PULSAR__SERVICE_URL makes
+    "auto" pick Pulsar. The reason names the variable and the file's section passed over."""
+    path = _write(tmp_path, '[wal.file]\npath = "data"\n')
+    config = walsvc.load_config(
+        path, environ={"WALSVC_WAL__PULSAR__SERVICE_URL": "pulsar://stray:6650"}
+    )
+    assert config.backend == "pulsar"
+    assert config.reason == (
+        "backend 'auto' (the default): [wal.pulsar] (from environment variable"
+        " WALSVC_WAL__PULSAR__SERVICE_URL) is the present section highest in the priority"
+        f" pulsar > kafka > file > memory; ignored: [wal.file] (from config file {path})"
+    )
+    both = walsvc.load_config(path, environ={"WALSVC_WAL__FILE__SYNC": "none"})
+    assert f"[wal.file] (from config file {path} and environment variable" in both.reason
+    explicit = walsvc.load_config(
+        path, environ={"WALSVC_WAL__BACKEND": "file", "WALSVC_WAL__MEMORY__NAME": "m"}
+    )
+    assert explicit.reason == (
+        "backend 'file' set by environment variable WALSVC_WAL__BACKEND,"
+        f" [wal.file] (from config file {path})"
+    )
+
+
+async def test_an_open_logs_the_choice_and_a_failed_one_names_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _write(tmp_path, '[wal.file]\npath = "data"\nsync = "none"\n')
+    config = walsvc.load_config(path, environ={})
+    with caplog.at_level(logging.INFO, logger="walsvc"):
+        async with await walsvc.open_wal_from_config(config, "p0"):
+            pass
+    (record,) = [r for r in caplog.records if r.name == "walsvc"]
+    assert record.levelno == logging.INFO
+    assert record.getMessage() == f"walsvc: opening pchannel 'p0' at {config.summary()}"
+    assert config.summary() == (
+        f"file://{tmp_path / 'data'} ({config.reason}; configuration from {path})"
+    )
+    # The stray variable again, now pointing at nothing: the error says where it came from.
+    stray = walsvc.load_config(
+        path,
+        environ={
+            "WALSVC_WAL__PULSAR__SERVICE_URL": f"pulsar://127.0.0.1:{_free_port()}",
+            "WALSVC_WAL__PULSAR__CONNECT_TIMEOUT": "1",
+        },
+    )
+    with pytest.raises(walsvc.BackendUnavailable) as caught:
+        await walsvc.open_wal_from_config(stray, "p0")
+    assert "WALSVC_WAL__PULSAR__SERVICE_URL" in str(caught.value)
+    assert str(caught.value).endswith(f"; backend from the configuration: {stray.summary()}")
+    assert isinstance(caught.value.__cause__, walsvc.BackendUnavailable)
+
+
+async def test_a_node_from_the_configuration(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[wal.file]\npath = "data"\n[node]\npchannels = ["p0", "p1"]\n')
+    config = walsvc.load_config(path, environ={})
+    assert config.pchannels == ("p0", "p1")
+    assert "pchannels: ['p0', 'p1']\n" in config.describe()
+    async with await walsvc.open_node_from_config(config) as node:
+        assert node.routing.pchannels == ("p0", "p1")
+        await node.append(Message(payload=b"x", vchannel="v"))
+    # The variable overrides the file; pins and migrate reach open_node.
+    moved = walsvc.load_config(path, environ={"WALSVC_NODE__PCHANNELS": "p0, p1, p2"})
+    assert moved.pchannels == ("p0", "p1", "p2")
+    with pytest.raises(walsvc.RoutingMismatch) as caught:
+        await walsvc.open_node_from_config(moved)
+    assert f"configuration from {path}" in str(caught.value)
+    async with await walsvc.open_node_from_config(moved, migrate=True, pins={"v": "p2"}) as node:
+        assert (node.routing.version, node.pchannel_of("v")) == (2, "p2")
+    async with await walsvc.open_node_from_config(moved, read_only=True) as reader:
+        assert reader.routing.version == 2
+    async with await walsvc.open_node_from_config(config, ["p0", "p1", "p2"]) as node:
+        assert node.routing.version == 2  # explicit pchannels win over the configuration
+    no_node = walsvc.load_config(environ={"WALSVC_WAL__MEMORY__NAME": "m"})
+    assert no_node.pchannels is None
+    with pytest.raises(InvalidArgument, match="WALSVC_NODE__PCHANNELS"):
+        await walsvc.open_node_from_config(no_node)
+    for text, says in [
+        ("[wal.file]\npath = 'd'\n[node]\npchannels = []\n", "node.pchannels: Expected `array`"),
+        ("[wal.file]\npath = 'd'\n[node]\npchannels = ['-x']\n", "node.pchannels[0]"),
+        ("[wal.file]\npath = 'd'\n[node]\npins = 1\n", "unknown key 'node.pins'"),
+    ]:
+        with pytest.raises(InvalidArgument, match=re.escape(says)):
+            walsvc.load_config(_write(tmp_path, text, "bad.toml"), environ={})
+    with pytest.raises(InvalidArgument, match=r"unknown key 'node\.pchannel'"):
+        walsvc.load_config(path, environ={"WALSVC_NODE__PCHANNEL": "p0"})

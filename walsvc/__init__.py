@@ -17,7 +17,7 @@ from ._chain import (
     TxnKeyWindow,
 )
 from ._codec import EnvelopeHeader, peek
-from ._config import WalConfig, load_config, open_wal_from_config
+from ._config import WalConfig, load_config, open_node_from_config, open_wal_from_config
 from ._deliver import Checkpoint, DeliverPolicy
 from ._errors import (
     AppendOutcomeUnknown,
@@ -122,6 +122,7 @@ __all__ = (
     "known_schemes",
     "load_config",
     "open_node",
+    "open_node_from_config",
     "open_wal",
     "open_wal_from_config",
     "peek",

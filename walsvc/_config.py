@@ -35,14 +35,17 @@ The file (read with ``tomllib``) has one ``[wal]`` table and one sub-table per b
     [wal.memory]
     name = "tests"
 
+    [node]
+    pchannels = ["p0", "p1"]    # what open_node_from_config opens by default
+
 Environment: the key ``wal.kafka.bootstrap_servers`` is the variable
 ``WALSVC_WAL__KAFKA__BOOTSTRAP_SERVERS``: the prefix ``WALSVC_``, then the key's parts in
 upper case joined by a double underscore. Values are text: numbers as decimal literals
 (``1048576``, ``0.5``, ``1e-3``), strings as is (no quotes), lists comma-separated with
 blanks around items ignored (``h1:9092, h2:9092``). A variable overrides the file's value
 of its key only (key by key); setting a key of a section the file lacks adds that
-section. Every variable starting with ``WALSVC_WAL`` must name a known key, else
-``InvalidArgument``. ``WALSVC_CONFIG`` names the file when ``load_config`` gets no path.
+section. Every variable starting with ``WALSVC_WAL`` or ``WALSVC_NODE`` must name a known
+key, else ``InvalidArgument``. ``WALSVC_CONFIG`` names the file when ``load_config`` gets no path.
 
 Choosing the backend (after the Milvus message-queue rule: several configured, a fixed
 priority picks one): ``backend = "auto"`` takes the present section highest in
@@ -53,21 +56,27 @@ explicit ``backend`` needs its section; the others are then ignored. The chosen 
 must hold its location key (``name``, ``path``, ``bootstrap_servers``, ``service_url``);
 every other key is optional and, when absent, is not passed to ``open_wal``, so the
 backend's own default applies. ``WalConfig.reason`` and ``WalConfig.describe()`` say what
-was chosen and why.
+was chosen and why, naming the source (file or variables) of the chosen section and of
+the ones passed over: a stray ``WALSVC_WAL__PULSAR__SERVICE_URL`` that makes "auto" pick
+Pulsar over the file's ``[wal.file]`` is named there. ``open_wal_from_config`` and
+``open_node_from_config`` log that reason (logger ``walsvc``, INFO, one line per open)
+and add it to the message of an open that fails.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
-from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Final, Literal, NoReturn
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, WALError
+from ._node import Node, open_node
 from ._open import open_wal
 from ._wal import WAL
 
@@ -80,10 +89,12 @@ __all__ = (
     "FileSection",
     "KafkaSection",
     "MemorySection",
+    "NodeSection",
     "PulsarSection",
     "WalConfig",
     "WalSection",
     "load_config",
+    "open_node_from_config",
     "open_wal_from_config",
 )
 
@@ -107,6 +118,10 @@ _Text = Annotated[str, Meta(min_length=1)]
 _HOST_PORT: Final = r"^(\[[0-9A-Fa-f:.]+\]|[^\s,:\[\]/]+):[0-9]{1,5}$"
 _PULSAR_URL: Final = r"^pulsar://[^\s/]+$"
 _HostPort = Annotated[str, Meta(pattern=_HOST_PORT)]
+_PCHANNEL_NAME: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+#: The top-level tables, each with its variables' prefix.
+_TABLES: Final = ("wal", "node")
+_log: Final = logging.getLogger("walsvc")
 
 
 class MemorySection(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -172,10 +187,22 @@ class WalSection(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     pulsar: PulsarSection | UnsetType = UNSET
 
 
+class NodeSection(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[node]``: ``pchannels``, the pchannels ``open_node_from_config`` opens unless
+    given others (a non-empty list of names of 1-200 characters of ``[A-Za-z0-9._-]``,
+    starting with a letter or digit; variable ``WALSVC_NODE__PCHANNELS=p0,p1``)."""
+
+    pchannels: (
+        Annotated[list[Annotated[str, Meta(pattern=_PCHANNEL_NAME)]], Meta(min_length=1)]
+        | UnsetType
+    ) = UNSET
+
+
 class _Document(Struct, forbid_unknown_fields=True, frozen=True):
-    """The whole file: only the ``[wal]`` table."""
+    """The whole file: the ``[wal]`` table and the optional ``[node]`` table."""
 
     wal: WalSection = msgspec.field(default_factory=WalSection)
+    node: NodeSection = msgspec.field(default_factory=NodeSection)
 
 
 # The key of each section that becomes (part of) the URL rather than an open_wal option.
@@ -189,8 +216,9 @@ _WAL_OPTIONS: Final = ("max_message_size", "tail_cache_bytes", "tail_cache_age")
 
 
 class WalConfig(Struct, frozen=True, kw_only=True):
-    """A loaded configuration: the chosen ``backend``, why (``reason``), the decoded
-    ``wal`` section (file and environment merged, paths made absolute) and the file it
+    """A loaded configuration: the chosen ``backend``, why (``reason``: which setting chose
+    it and where each section considered came from), the decoded ``wal`` section (file
+    and environment merged, paths made absolute), the ``node`` section and the file it
     came from (``source``, None for the environment alone).
 
     Only ``load_config`` builds valid ones: the chosen section exists and has its
@@ -202,6 +230,13 @@ class WalConfig(Struct, frozen=True, kw_only=True):
     reason: str
     wal: WalSection
     source: str | None = None
+    node: NodeSection = msgspec.field(default_factory=NodeSection)
+
+    @property
+    def pchannels(self) -> tuple[str, ...] | None:
+        """``[node] pchannels``, or None when not configured."""
+        names = self.node.pchannels
+        return None if isinstance(names, UnsetType) else tuple(names)
 
     @property
     def url(self) -> str:
@@ -231,18 +266,76 @@ class WalConfig(Struct, frozen=True, kw_only=True):
         return options
 
     def describe(self) -> str:
-        """Several lines for logs and humans: backend, reason, URL, options, source."""
+        """Several lines for logs and humans: backend, reason, URL, options, pchannels
+        (when configured), source."""
         source = self.source if self.source is not None else "(environment only)"
+        pchannels = "" if self.pchannels is None else f"pchannels: {list(self.pchannels)}\n"
         return (
             f"backend: {self.backend}\nreason: {self.reason}\nurl: {self.url}\n"
-            f"options: {self.open_options()!r}\nsource: {source}"
+            f"options: {self.open_options()!r}\n{pchannels}source: {source}"
         )
+
+    def summary(self) -> str:
+        """One line: the URL, why this backend, and the file (the line the opens log)."""
+        source = self.source if self.source is not None else "the environment alone"
+        return f"{self.url} ({self.reason}; configuration from {source})"
 
 
 async def open_wal_from_config(config: WalConfig, pchannel: str, *, read_only: bool = False) -> WAL:
     """Open ``pchannel`` as ``config`` says: ``open_wal(config.url, pchannel,
-    read_only=read_only, **config.open_options())``, with open_wal's errors."""
-    return await open_wal(config.url, pchannel, read_only=read_only, **config.open_options())
+    read_only=read_only, **config.open_options())``, with open_wal's errors, whose
+    message then ends with ``config.summary()``. Logs that summary first (logger
+    ``walsvc``, INFO)."""
+    _log.info("walsvc: opening pchannel %r at %s", pchannel, config.summary())
+    try:
+        return await open_wal(config.url, pchannel, read_only=read_only, **config.open_options())
+    except WALError as exc:
+        _reraise_with_summary(exc, config)
+
+
+async def open_node_from_config(
+    config: WalConfig,
+    pchannels: Iterable[str] | None = None,
+    *,
+    read_only: bool = False,
+    migrate: bool = False,
+    pins: Mapping[str, str] | None = None,
+) -> Node:
+    """``walsvc.open_node(config.url, pchannels, ...)`` with ``config.open_options()``:
+    ``pchannels`` default to the configuration's ``[node] pchannels``
+    (``InvalidArgument`` if neither is given); ``read_only``, ``migrate`` and ``pins``
+    mean what they mean to ``open_node``. Logs and reports errors as
+    ``open_wal_from_config`` does."""
+    names = config.pchannels if pchannels is None else pchannels
+    if names is None:
+        raise InvalidArgument(
+            "no pchannels for the node: pass pchannels= or set [node] pchannels in the"
+            f" configuration (or {ENV_PREFIX}NODE{ENV_SEPARATOR}PCHANNELS=p0,p1)"
+        )
+    names = list(names) if not isinstance(names, (str, bytes)) else names
+    _log.info("walsvc: opening node %s at %s", names, config.summary())
+    try:
+        return await open_node(
+            config.url,
+            names,
+            read_only=read_only,
+            migrate=migrate,
+            pins=pins,
+            **config.open_options(),
+        )
+    except WALError as exc:
+        _reraise_with_summary(exc, config)
+
+
+def _reraise_with_summary(exc: WALError, config: WalConfig) -> NoReturn:
+    """Raise ``exc`` again, its type kept, its message ending with where the backend
+    came from (chained to the original)."""
+    try:
+        again = type(exc)(f"{exc}; backend from the configuration: {config.summary()}")
+    except TypeError:  # a subclass with a constructor of its own: keep it, add a note
+        exc.add_note(f"backend from the configuration: {config.summary()}")
+        raise exc from exc.__cause__
+    raise again from exc
 
 
 def load_config(
@@ -262,6 +355,7 @@ def load_config(
         path = env.get(CONFIG_FILE_VARIABLE) or None
     source = os.path.abspath(os.fspath(path)) if path is not None else None
     document: dict[str, Any] = _read_file(source) if source is not None else {}
+    in_file = set(document.get("wal", {}))  # the keys and sections the file itself has
     origins: dict[tuple[str, ...], str] = {}
     for variable, keys, value in _read_environment(env):
         table = document
@@ -270,12 +364,43 @@ def load_config(
         table[keys[-1]] = value
         origins[keys] = f"environment variable {variable}"
     where = f"config file {source}" if source else "environment"
-    wal = _convert(document, where, strict=True).wal
+    converted = _convert(document, where, strict=True)
+    wal = converted.wal
     wal = _absolute_file_path(wal, source, from_env=("wal", "file", "path") in origins)
     _check_ports(wal, origins.get(("wal", "kafka", "bootstrap_servers"), where))
-    backend_origin = origins.get(("wal", "backend"), where if source else "the default")
-    backend, reason = _choose(wal, backend_origin)
-    return WalConfig(backend=backend, requested=wal.backend, reason=reason, wal=wal, source=source)
+    default = "the default" if "backend" not in in_file else where
+    backend_origin = origins.get(("wal", "backend"), default)
+    sections = _section_origins(in_file, source, origins)
+    backend, reason = _choose(wal, backend_origin, sections)
+    return WalConfig(
+        backend=backend,
+        requested=wal.backend,
+        reason=reason,
+        wal=wal,
+        source=source,
+        node=converted.node,
+    )
+
+
+def _section_origins(
+    in_file: Iterable[str], source: str | None, origins: Mapping[tuple[str, ...], str]
+) -> dict[str, str]:
+    """For each backend section present, where it comes from: the file (it has the
+    table), the variables that set its keys, or both."""
+    files = {name: f"config file {source}" for name in in_file if name in _LOCATION_KEY}
+    variables: dict[str, list[str]] = {}
+    for keys, origin in sorted(origins.items()):
+        if len(keys) == 3 and keys[0] == "wal" and keys[1] in _LOCATION_KEY:
+            variables.setdefault(keys[1], []).append(origin.rpartition(" ")[2])
+    found: dict[str, str] = {}
+    for name in _LOCATION_KEY:
+        where = [files[name]] if name in files else []
+        if name in variables:
+            plural = "s" if len(variables[name]) > 1 else ""
+            where.append(f"environment variable{plural} {', '.join(variables[name])}")
+        if where:
+            found[name] = " and ".join(where)
+    return found
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -297,7 +422,7 @@ def _read_environment(env: Mapping[str, str]) -> list[tuple[str, tuple[str, ...]
     checked on its own; sorted by name so errors are deterministic."""
     found: list[tuple[str, tuple[str, ...], Any]] = []
     for variable in sorted(env):
-        if not variable.startswith(ENV_PREFIX + "WAL"):
+        if not variable.startswith(tuple(ENV_PREFIX + t.upper() for t in _TABLES)):
             continue
         text = env[variable]
         keys, info = _key_of(variable)
@@ -327,7 +452,8 @@ def _key_of(variable: str) -> tuple[tuple[str, ...], msgspec.inspect.Type]:
         if field is None:
             known = ", ".join(_variable(keys, f.name) for f in info.fields)
             if not keys:
-                known = f"{ENV_PREFIX}WAL{ENV_SEPARATOR}<KEY>, with a double underscore"
+                known = " or ".join(f"{ENV_PREFIX}{t.upper()}{ENV_SEPARATOR}<KEY>" for t in _TABLES)
+                known += ", with a double underscore"
             raise InvalidArgument(
                 f"environment variable {variable}: unknown key"
                 f" {'.'.join([*keys, part.lower()])!r} (known here: {known})"
@@ -410,10 +536,18 @@ def _check_ports(wal: WalSection, where: str) -> None:
             )
 
 
-def _choose(wal: WalSection, backend_origin: str) -> tuple[BackendName, str]:
-    """The backend to open and the reason, or ``InvalidArgument`` if there is none."""
+def _choose(
+    wal: WalSection, backend_origin: str, sections: Mapping[str, str]
+) -> tuple[BackendName, str]:
+    """The backend to open and the reason, or ``InvalidArgument`` if there is none.
+    ``sections`` says where each present section comes from."""
     present = [name for name in BACKEND_PRIORITY if not isinstance(getattr(wal, name), UnsetType)]
     priority = " > ".join(BACKEND_PRIORITY)
+
+    def named(name: str) -> str:
+        origin = sections.get(name)
+        return f"[wal.{name}] (from {origin})" if origin else f"[wal.{name}]"
+
     if wal.backend == "auto":
         if not present:
             raise InvalidArgument(
@@ -422,14 +556,16 @@ def _choose(wal: WalSection, backend_origin: str) -> tuple[BackendName, str]:
             )
         backend = present[0]
         reason = (
-            f"backend 'auto' ({backend_origin}): [wal.{backend}] is the present section"
+            f"backend 'auto' ({backend_origin}): {named(backend)} is the present section"
             f" highest in the priority {priority}"
         )
         if len(present) > 1:
-            reason += f"; ignored: {', '.join(f'[wal.{n}]' for n in present[1:])}"
+            reason += f"; ignored: {', '.join(named(n) for n in present[1:])}"
     else:
         backend = wal.backend
         reason = f"backend {backend!r} set by {backend_origin}"
+        if backend in present:
+            reason += f", {named(backend)}"
         if backend not in present:
             key = _LOCATION_KEY[backend]
             raise InvalidArgument(
