@@ -4,6 +4,7 @@ totally ordered, hashable, marshallable values."""
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -107,6 +108,36 @@ async def test_append_rejects_what_is_not_a_message() -> None:
         with pytest.raises(TypeError, match=r"not bytes"):
             await wal.append_many([b"x"])  # type: ignore[list-item]
         assert await wal.latest_message_id() == opened_at
+
+
+def readme_appendable_types() -> tuple[set[str], set[str]]:
+    """The types README's "Which types you append" names as yours, and the ones it says
+    walsvc refuses (the backticked upper-case names before and after "system types")."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = text.index("- **Which types you append**")
+    bullet = text[start : text.index("\n- **", start + 1)]
+    yours, _, refused = bullet.partition("The system types")
+    names = re.compile(r"`([A-Z][A-Z_]+)`")
+    return set(names.findall(yours)), set(names.findall(refused))
+
+
+async def test_readme_says_which_types_users_may_append() -> None:
+    """The README lists every type: the ones append accepts, and the system types it
+    refuses with InvalidMessage (their reasons are the README's)."""
+    yours, refused = readme_appendable_types()
+    assert yours | refused == {t.name for t in MessageType}
+    assert refused == {t.name for t in walsvc.SYSTEM_TYPES}
+    assert {t.name for t in walsvc.EXCLUSIVE_TYPES} <= yours
+    async with await memory_wal() as wal:
+        for name in sorted(yours):
+            await wal.append(Message(payload=b"x", vchannel="v", type=MessageType[name]))
+        await wal.append(Message(payload=b"x", vchannel="v", type=MessageType(10000)))
+        for name in sorted(refused):
+            message = Message(payload=b"x", vchannel="v", type=MessageType[name])
+            with pytest.raises(InvalidMessage, match="written by the WAL itself"):
+                await wal.append(message)
+            with pytest.raises(InvalidMessage, match="written by the WAL itself"):
+                await wal.append_many([message])
 
 
 # ---------------------------------------------------------------------------------------
