@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import uvloop
+
+from walsvc.testing import start_tansu
+from walsvc.testing._tansu import wait_stopped
 
 _INI = """
 [pytest]
@@ -89,3 +96,34 @@ def test_a_failure_prints_its_seed(
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*walsvc test seed*", "*WALSVC_TEST_SEED=1234 pytest *test_bad*"])
     assert result.stdout.str().count("WALSVC_TEST_SEED=1234") == 1
+
+
+# ---------------------------------------------------------------------------------------
+# Broker launchers: a pause either stops every thread of the broker or fails
+
+
+def test_wait_stopped_returns_only_once_every_thread_is_stopped() -> None:
+    """Before: ``wait_stopped`` gave up silently after its deadline (and returned at once
+    for a process that was gone), so a pause that did not take looked like a broker
+    answering while paused ("DID NOT RAISE BackendUnavailable")."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(RuntimeError, match=rf"process {child.pid} did not stop"):
+            wait_stopped(child.pid, within=0.2)  # running: never signalled
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_stopped(child.pid)
+        os.kill(child.pid, signal.SIGCONT)
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(RuntimeError, match="is not running"):
+        wait_stopped(child.pid)
+
+
+def test_a_broker_that_exited_cannot_be_paused() -> None:
+    broker = start_tansu()
+    broker.pause()
+    broker.resume()
+    broker.stop()
+    with pytest.raises(RuntimeError, match="exited"):
+        broker.pause()

@@ -126,7 +126,7 @@ class PulsarLite:
     def pause(self) -> None:
         """Freeze the running broker (SIGSTOP) and return once it is stopped:
         connections stay open, nothing is answered."""
-        if self._process is None:
+        if self._process is None or self._process.poll() is not None:
             raise RuntimeError("broker not running")
         os.kill(self._process.pid, signal.SIGSTOP)
         self.paused = True
@@ -134,8 +134,8 @@ class PulsarLite:
 
     def resume(self) -> None:
         """Let a paused broker run again (SIGCONT). Idempotent."""
-        if self._process is not None and self.paused:
-            os.kill(self._process.pid, signal.SIGCONT)
+        if self._process is not None and self.paused and self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGCONT)  # not a reaped pid, maybe reused
         self.paused = False
 
     def stop(self) -> None:

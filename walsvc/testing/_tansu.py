@@ -35,21 +35,32 @@ class TansuStartError(RuntimeError):
 def wait_stopped(pid: int, within: float = _STOP_WITHIN) -> None:
     """Return once every thread of process ``pid`` is stopped (after a SIGSTOP: the
     signal is delivered asynchronously, and a thread still running may answer one more
-    request). Linux only (``/proc``); elsewhere it returns at once."""
-    tasks = f"/proc/{pid}/task"
-    if not os.path.isdir(tasks):
+    request). Raises ``RuntimeError`` naming the threads still running if they are not
+    all stopped within ``within`` seconds, or if there is no process ``pid``: a pause
+    that did not take must not look like a broker that answers while paused. Linux only
+    (``/proc``); elsewhere it returns at once."""
+    if not os.path.isdir("/proc/self/task"):
         return
+    tasks = f"/proc/{pid}/task"
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    while True:
         try:
-            states = []
+            states = {}
             for tid in os.listdir(tasks):
                 with open(f"{tasks}/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except FileNotFoundError:  # a thread ended while listed
+                    states[tid] = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:  # a thread ended while listed, or the process is gone
+            if not os.path.isdir(tasks):
+                raise RuntimeError(f"process {pid} is not running: it cannot be paused") from None
             continue
-        if all(state in "tTZX" for state in states):
+        running = {tid: state for tid, state in states.items() if state not in "tTZX"}
+        if not running:
             return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"process {pid} did not stop within {within} s: threads {running} (thread id:"
+                " state) still run and may answer requests"
+            )
         time.sleep(0.001)
 
 
@@ -82,7 +93,10 @@ class TansuBroker:
 
     def pause(self) -> None:
         """Freeze the broker (SIGSTOP) and return once it is stopped: connections stay
-        open, nothing is answered."""
+        open, nothing is answered. ``RuntimeError`` if the broker exited or does not stop
+        (see ``wait_stopped``)."""
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the broker exited ({self.process.returncode}): cannot pause it")
         os.kill(self.process.pid, signal.SIGSTOP)
         self.paused = True
         wait_stopped(self.process.pid)
