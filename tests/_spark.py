@@ -73,14 +73,14 @@ def append_messages(
 def read_all(
     url: str, pchannel: str, filters: Sequence[walsvc.Filter] = (), **options: Any
 ) -> list[walsvc.ImmutableMessage]:
-    """What ``WAL.read`` (read-only, from the start) delivers of a log nobody appends to:
-    the reference the data source is checked against. The scan ends once nothing new
-    arrives for ``QUIET`` seconds."""
+    """What ``WAL.read`` (read-only, from the start, TimeTicks included) delivers of a log
+    nobody appends to: the reference the data source is checked against. The scan ends
+    once nothing new arrives for ``QUIET`` seconds."""
 
     async def main() -> list[walsvc.ImmutableMessage]:
         out: list[walsvc.ImmutableMessage] = []
         async with await walsvc.open_wal(url, pchannel, read_only=True, **options) as wal:
-            async with wal.read(filters=filters) as scanner:
+            async with wal.read(filters=filters, timeticks=True) as scanner:
                 batches = scanner.batches()
                 while True:
                     try:

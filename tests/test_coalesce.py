@@ -60,7 +60,7 @@ async def read_back(path: Path) -> list[bytes]:
     async with await walsvc.open_wal(f"file://{path}", "p0", read_only=True) as wal:
         last = await wal.latest_message_id()
         payloads = []
-        async with wal.read() as scanner:
+        async with wal.read(timeticks=True) as scanner:
             async for got in scanner:
                 if got.type is not MessageType.TIME_TICK:
                     payloads.append(got.payload)

@@ -58,11 +58,14 @@ async def test_memory_wal_is_private_and_writable() -> None:
         assert not first.read_only
         assert first.pchannel == "pchannel-0"
         assert await second.latest_message_id() == MemoryMessageId(0)  # its opening TimeTick
-        async with first.read(filters=[scanners.types(walsvc.MessageType.INSERT)]) as scanner:
+        insert = [scanners.types(walsvc.MessageType.INSERT)]
+        async with first.read(filters=insert, timeticks=True) as scanner:
             opening = await anext(scanner)  # system messages pass type filters
             message = await anext(scanner)
         assert opening.type is walsvc.MessageType.TIME_TICK
         assert message.message_id == sent.message_id
+        async with first.read(filters=insert) as scanner:
+            message = await anext(scanner)  # by default, no TimeTicks
         assert message.payload == b"x"
 
 

@@ -186,7 +186,7 @@ async def test_two_open_transactions_with_one_key_commit_once(url: str) -> None:
         assert first == second
         latest = await wal.latest_message_id()
         delivered = []
-        async with wal.read() as scanner:
+        async with wal.read(timeticks=True) as scanner:
             async for message in scanner:
                 delivered.append(message)
                 if message.message_id >= latest:
@@ -247,7 +247,7 @@ async def test_append_many_sends_bodies_down_in_batches(url: str) -> None:
         gaps = [i for i in range(1, 3000) if seqs[i] != seqs[i - 1] + 1]
         assert all(i % 1024 == 0 for i in gaps), gaps
         latest = await wal.latest_message_id()
-        async with wal.read() as scanner:
+        async with wal.read(timeticks=True) as scanner:
             async for message in scanner:
                 if message.type is MessageType.TXN:
                     assert [b.payload for b in message.body] == [b"%d" % i for i in range(3000)]

@@ -170,7 +170,7 @@ async def main(url):
     async with await walsvc.open_wal(url, "p", read_only=True) as wal:
         latest = await wal.latest_message_id()
         count = 0
-        async with wal.read() as scanner:
+        async with wal.read(timeticks=True) as scanner:
             async for message in scanner:
                 count += message.persisted
                 if message.message_id == latest:

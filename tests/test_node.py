@@ -430,6 +430,39 @@ async def test_a_timetick_floor_skips_older_versions(url: str) -> None:
         assert await read_to_end(node.read("v"), b"end-") == [b"old", b"new"]
 
 
+async def newest_is_a_timetick(wal: walsvc.WAL) -> None:
+    """Wait until the newest record of ``wal`` is a TimeTick (the timetick sync persists
+    one after a burst of appends)."""
+    async with asyncio.timeout(20):
+        while True:
+            latest = await wal.latest_message_id()
+            assert latest is not None
+            async with wal.read(DeliverPolicy.start_from(latest), raw=True) as scanner:
+                if (await anext(scanner)).type is MessageType.TIME_TICK:
+                    return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_cut_on_a_timetick_ends_its_stretch(url: str) -> None:
+    """The newest record of a pchannel at migration is often the TimeTick the sync wrote
+    after the last append; a replay must see that stretch end (it waited forever)."""
+    async with await open_node(url, ["p0"]) as node:
+        await node.append(msg(b"old", "v"))
+        await newest_is_a_timetick(node.wal("p0"))
+    async with await open_node(url, ["p1"], migrate=True) as node:
+        (cut,) = [c for c in node.routing.cuts if c.pchannel == "p0"]
+        assert cut.vchannel == ""  # the TimeTick
+        await node.append(msg(b"new", "v"))
+        assert await replay(node, "v") == [b"old", b"new"]
+        async with asyncio.timeout(20), node.read("v") as scanner:
+            got = []
+            async for batch in scanner.batches():
+                got += [m.payload for message in batch for m in data_of(message)]
+                if len(got) >= 2:
+                    break
+        assert got[:2] == [b"old", b"new"]
+
+
 async def test_a_transaction_left_open_does_not_stall_a_replay(url: str) -> None:
     """The cut of a pchannel may fall inside a transaction its last writer left open;
     the transaction is never delivered, yet the replay gets past the cut."""
@@ -566,3 +599,39 @@ async def test_a_failed_open_closes_what_it_opened(tmp_path: Path) -> None:
         await open_node(url, P3, read_only=True)
     async with await open_node(url, P3) as node:  # p1 is created again
         await node.append(msg(b"x", "v"))
+
+
+async def test_node_read_keeps_a_subscription_on_the_vchannels_pchannel(url: str) -> None:
+    async with await open_node(url, P4) as node:
+        first = await node.append(msg(b"1", "orders"))
+        async with node.read("orders", subscription="billing") as scanner:
+            got = await anext(scanner)
+            assert got.message_id == first.message_id
+            await scanner.ack(got)
+        second = await node.append(msg(b"2", "orders"))
+        async with node.read("orders", subscription="billing") as scanner:
+            assert (await anext(scanner)).message_id == second.message_id  # resumed
+        with pytest.raises(walsvc.SubscriptionBusy):
+            async with node.read("orders", subscription="billing"):
+                node.read("orders", subscription="billing")
+
+
+async def test_node_read_refuses_a_subscription_that_would_skip_a_moved_history(
+    url: str,
+) -> None:
+    async with await open_node(url, ["p0"]) as node:
+        await node.append(msg(b"old", "v7"))
+    async with await open_node(url, ["p0", "p1"], pins={"v7": "p1"}, migrate=True) as node:
+        with pytest.raises(walsvc.InvalidArgument, match="history spans"):
+            node.read("v7", subscription="s")
+        async with node.read("v7", DeliverPolicy.latest(), subscription="s") as scanner:
+            # A subscription starts at its first read (it loads its checkpoint then).
+            waiting = asyncio.ensure_future(anext(scanner))
+            live = scanner._scanner
+            assert live is not None
+            async with asyncio.timeout(30):
+                while live.stats().source == "not started":  # noqa: ASYNC110 (no event to wait on)
+                    await asyncio.sleep(0.01)
+            sent = await node.append(msg(b"new", "v7"))
+            async with asyncio.timeout(30):
+                assert (await waiting).message_id == sent.message_id

@@ -131,7 +131,7 @@ async def _idle_tick_then_restart(
     await wal.append(Message(payload=b"a", vchannel="v1"))
     await sync.sync_once()  # persists a TimeTick
     newest = await wal.latest_message_id()
-    async with wal.read(subscription=subscription) as scanner:
+    async with wal.read(subscription=subscription, timeticks=True) as scanner:
         while (await _next(scanner)).message_id != newest:
             pass
         waiting = asyncio.ensure_future(_next(scanner))
@@ -161,7 +161,7 @@ async def test_an_acked_idle_tick_does_not_make_the_subscription_skip_the_next_w
         assert opening.type is MessageType.TIME_TICK
         assert opening.timetick <= idle.timetick  # the new writer reused the idle tick
         appended = await wal.append(Message(payload=b"b", vchannel="v1"))
-        async with wal.read(subscription="s") as scanner:
+        async with wal.read(subscription="s", timeticks=True) as scanner:
             first = await _next(scanner)
             assert first.message_id == opening.message_id, first  # not skipped
             assert (await _next(scanner)).message_id == appended.message_id
@@ -176,6 +176,8 @@ async def test_resuming_from_an_idle_ticks_checkpoint_after_a_restart_skips_noth
     async with wal:
         opening = (await whole_log(url, "p"))[-1]
         await wal.append(Message(payload=b"b", vchannel="v1"))
-        async with wal.read(DeliverPolicy.from_checkpoint(idle.checkpoint)) as scanner:
+        async with wal.read(
+            DeliverPolicy.from_checkpoint(idle.checkpoint), timeticks=True
+        ) as scanner:
             first = await _next(scanner)
     assert first.message_id == opening.message_id, first

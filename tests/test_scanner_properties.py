@@ -12,8 +12,9 @@ restarts, every reader's output equals a reference model computed from the raw l
                last-confirmed id and term; body: its body messages, each with the
                commit's tick) and every other transaction message disappears.
 
-Persisted TimeTicks are part of the model (vchannel "": every reader sees them) and are
-compared field by field like every other message. Idle TimeTicks (``persisted=False``)
+Persisted TimeTicks are part of the model (vchannel "": every reader sees them; every
+reader asks for them with ``timeticks=True``) and are compared field by field like every
+other message. Idle TimeTicks (``persisted=False``)
 are not in the log, so the comparison leaves them out; every reader's ticks must still
 strictly increase, and idle ticks serve as checkpoints and acks like any message.
 
@@ -378,7 +379,7 @@ class _Run:
         if tailing:
             expect = _after_id(await wal.latest_message_id())
             for v in _READ:
-                scanner = wal.read(DeliverPolicy.latest(), _filters(v))
+                scanner = wal.read(DeliverPolicy.latest(), _filters(v), timeticks=True)
                 self.readers.append(_Reader(f"tailing {v}", v, scanner, expect))
         return wal
 
@@ -420,17 +421,19 @@ class _Run:
         v = _READ[which]
         seen = self.delivered[v]
         if op == "behind":
-            scanner = wal.read(DeliverPolicy.all(), _filters(v))
+            scanner = wal.read(DeliverPolicy.all(), _filters(v), timeticks=True)
             self.readers.append(_Reader(f"behind {v}", v, scanner, lambda model: model))
         elif op == "floor" and seen:
             m = seen[arg % len(seen)]
             filters = [*_filters(v), scanners.timetick_gt(m.timetick)]
-            scanner = wal.read(DeliverPolicy.all(), filters)
+            scanner = wal.read(DeliverPolicy.all(), filters, timeticks=True)
             label = f"timetick_gt({m.timetick}) {v}"
             self.readers.append(_Reader(label, v, scanner, _after_tick(m.timetick)))
         elif op == "checkpoint" and seen:
             m = seen[arg % len(seen)]
-            scanner = wal.read(DeliverPolicy.from_checkpoint(m.checkpoint), _filters(v))
+            scanner = wal.read(
+                DeliverPolicy.from_checkpoint(m.checkpoint), _filters(v), timeticks=True
+            )
             label = f"from {m.checkpoint} {v}"
             self.readers.append(_Reader(label, v, scanner, _after(m)))
         elif op == "subscribe":
@@ -439,7 +442,9 @@ class _Run:
                 return  # one scanner per subscription at a time
             if current is not None:
                 self._subscriber_done(current)
-            scanner = wal.read(DeliverPolicy.all(), _filters(v), subscription=f"s-{v}")
+            scanner = wal.read(
+                DeliverPolicy.all(), _filters(v), subscription=f"s-{v}", timeticks=True
+            )
             self.subscribers[v] = _Reader(
                 f"subscription {v}", v, scanner, None, ack=True, limit=arg
             )
@@ -552,7 +557,9 @@ class _Run:
             log = await whole_log(self.url, "p")
             models = {v: _model(log, v) for v in _READ}
             for v in _READ:
-                scanner = wal.read(DeliverPolicy.all(), _filters(v), subscription=f"s-{v}")
+                scanner = wal.read(
+                    DeliverPolicy.all(), _filters(v), subscription=f"s-{v}", timeticks=True
+                )
                 reader = _Reader(f"final subscription {v}", v, scanner, None, ack=True)
                 await reader.wait_for(len(_keys(models[v])) - len(_keys(self.subscribed[v])))
                 await reader.close(self.tally)
@@ -567,7 +574,7 @@ class _Run:
                         continue
                     m = picks[pick % len(picks)]
                     policy = DeliverPolicy.from_checkpoint(m.checkpoint)
-                    scanner = (wal if i % 2 else ro).read(policy, _filters(v))
+                    scanner = (wal if i % 2 else ro).read(policy, _filters(v), timeticks=True)
                     expected = _after(m)(models[v])
                     reader = _Reader(f"final checkpoint {v}", v, scanner, None)
                     await reader.wait_for(len(expected))

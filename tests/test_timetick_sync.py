@@ -50,7 +50,7 @@ async def test_sync_persists_only_after_appends_and_idle_ticks_reach_tailing_rea
         persisted = await sync.sync_once()
         assert persisted is not None
         assert persisted > sent.timetick
-        async with wal.read(DeliverPolicy.start_after(sent.message_id)) as scanner:
+        async with wal.read(DeliverPolicy.start_after(sent.message_id), timeticks=True) as scanner:
             tick = await anext(scanner)
             assert (tick.type, tick.timetick, tick.persisted) == (
                 MessageType.TIME_TICK,
@@ -87,7 +87,7 @@ async def test_the_timer_persists_a_tick_after_appends() -> None:
     """The real timer (10 ms): a tailing reader gets a persisted TimeTick after data."""
     async with await walsvc.open_wal(f"memory://{uuid.uuid4().hex}", "p") as wal:
         sent = await wal.append(data(b"x"))
-        async with wal.read(DeliverPolicy.start_after(sent.message_id)) as scanner:
+        async with wal.read(DeliverPolicy.start_after(sent.message_id), timeticks=True) as scanner:
             async with asyncio.timeout(10):
                 tick = await anext(scanner)
         assert tick.type is MessageType.TIME_TICK

@@ -210,7 +210,7 @@ async def test_filters_still_see_system_messages() -> None:
         ]
         async with wal.read(filters=selected, raw=True) as scanner:
             raw = [await anext(scanner) for _ in range(3)]
-        async with wal.read(filters=selected) as scanner:
+        async with wal.read(filters=selected, timeticks=True) as scanner:
             assembled = [await anext(scanner) for _ in range(2)]
     assert [m.type for m in raw] == [
         MessageType.TIME_TICK,

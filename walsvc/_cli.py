@@ -506,9 +506,9 @@ async def _count_messages(wal: WAL, latest: MessageId | None) -> int | None:
     # that still holds messages: in the first, a read from the start would wait forever.
     try:
         async with asyncio.timeout(_STALL_S):
-            async with wal.read(DeliverPolicy.start_from(latest)) as scanner:
+            async with wal.read(DeliverPolicy.start_from(latest), raw=True) as scanner:
                 await anext(scanner)
-            async with wal.read(DeliverPolicy.all()) as scanner:
+            async with wal.read(DeliverPolicy.all(), raw=True) as scanner:
                 first = (await anext(scanner)).message_id
     except WALTruncated:
         return 0

@@ -265,22 +265,53 @@ class Node:
             yield handle
 
     def read(
-        self, vchannel: str, deliver: DeliverPolicy = _ALL, filters: Iterable[Filter] = ()
+        self,
+        vchannel: str,
+        deliver: DeliverPolicy = _ALL,
+        filters: Iterable[Filter] = (),
+        *,
+        timeticks: bool = False,
+        subscription: str | None = None,
     ) -> NodeScanner:
         """A scanner over ``vchannel``'s messages (and broadcasts) that ``filters`` admit.
 
         With ``DeliverPolicy.all()`` it reads every routing version's share of the
         vchannel in turn (see ``Node``); any other policy reads the current pchannel only.
+        ``timeticks``: as ``WAL.read`` (ticks of the current pchannel only).
+
+        ``subscription="name"``: a durable subscription, as ``WAL.read`` has; it lives on
+        the vchannel's current pchannel (checkpoints are ids of one pchannel), so it reads
+        that pchannel only. ``InvalidArgument`` if ``deliver`` is ``all()`` and the
+        vchannel's history spans other pchannels (a migration moved it): those messages
+        would be skipped; read them first without a subscription, then subscribe from
+        ``DeliverPolicy.start_after`` the cut or ``latest()``.
         """
         wal = self.wal_for(vchannel)
         if not isinstance(deliver, DeliverPolicy):
             raise TypeError(f"deliver must be a walsvc.DeliverPolicy, not {deliver!r}")
         chosen = Filter.combine(filters)
+        plan = [Stretch(wal.pchannel, None, None)]
         if deliver.kind == "all":
-            plan = plan_reads(self._history, vchannel)
-        else:
-            plan = [Stretch(wal.pchannel, None, None)]
-        return NodeScanner(self._wals, self._reader, vchannel, deliver, chosen, plan)
+            history = plan_reads(self._history, vchannel)
+            if subscription is None:
+                plan = history
+            elif len(history) > 1:
+                raise InvalidArgument(
+                    f"subscription {subscription!r} of vchannel {vchannel!r} reads its current"
+                    f" pchannel {wal.pchannel!r} only, but the vchannel's history spans"
+                    f" {sorted({s.pchannel for s in history})}: read that history without a"
+                    " subscription, or subscribe from latest() or after the cut"
+                )
+        return NodeScanner(
+            self._wals,
+            self._reader,
+            vchannel,
+            deliver,
+            chosen,
+            plan,
+            timeticks=timeticks,
+            subscription=subscription,
+        )
 
     async def _reader(self, pchannel: str) -> WAL:
         """A WAL to read ``pchannel`` with: the node's own, or one opened read-only."""

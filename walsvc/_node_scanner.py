@@ -11,7 +11,7 @@ from typing import Final, final
 from ._deliver import DeliverPolicy
 from ._filter import Filter
 from ._ids import MessageId, unmarshal_message_id
-from ._message import ImmutableMessage
+from ._message import ImmutableMessage, MessageType
 from ._routing import Cut, Stretch
 from ._scanner import Scanner
 from ._wal import WAL
@@ -19,6 +19,7 @@ from ._wal import WAL
 __all__ = ("NodeScanner",)
 
 _ALL: Final = DeliverPolicy.all()
+_TIME_TICK: Final = MessageType.TIME_TICK
 
 
 @final
@@ -26,7 +27,8 @@ class NodeScanner:
     """One vchannel's messages from ``Node.read``, stretch after stretch, as an async
     iterator and async context manager; otherwise like ``walsvc.Scanner``: iteration waits
     at the end of the live pchannel, ends after ``aclose()``, and raises ``WALClosed`` if
-    the node closes underneath it. Idle TimeTicks come only from the live pchannel."""
+    the node closes underneath it. TimeTicks (``timeticks=True``) come only from the live
+    pchannel, as does a subscription's stream."""
 
     __slots__ = (
         "_chosen",
@@ -37,6 +39,8 @@ class NodeScanner:
         "_open_reader",
         "_plan",
         "_scanner",
+        "_subscription",
+        "_timeticks",
     )
 
     def __init__(
@@ -47,8 +51,13 @@ class NodeScanner:
         deliver: DeliverPolicy,
         chosen: Filter,
         plan: Sequence[Stretch],
+        *,
+        timeticks: bool = False,
+        subscription: str | None = None,
     ) -> None:
         self._open_reader = open_reader
+        self._timeticks = timeticks
+        self._subscription = subscription
         self._deliver = deliver
         self._chosen = Filter(vchannels=[vchannel]) & chosen  # the exact test
         self._plan = plan
@@ -118,6 +127,8 @@ class NodeScanner:
             return False, message.timetick > cut.timetick
         if message.message_id > end:
             return False, True
+        if message.type is _TIME_TICK:  # read only to see the stretch end: the cut may be one
+            return False, message.message_id == end
         return self._chosen.admits(message), message.message_id == end
 
     async def _open(self) -> Scanner:
@@ -142,12 +153,18 @@ class NodeScanner:
             self._end = None
             if self._deliver.kind != "all":
                 deliver = self._deliver
-            self._scanner = wal.read(deliver, [self._chosen])
+            self._scanner = wal.read(
+                deliver,
+                [self._chosen],
+                timeticks=self._timeticks,
+                subscription=self._subscription,
+            )
         elif until.message_id is not None and floor <= until.timetick:
             # Admit the cut message too, so the stretch is seen to end.
             vchannels = [*(self._chosen.vchannels or ()), until.vchannel]
             self._end = (unmarshal_message_id(until.message_id), until)
-            self._scanner = wal.read(deliver, [Filter(vchannels=vchannels, min_timetick=floor)])
+            ends = [Filter(vchannels=vchannels, min_timetick=floor)]
+            self._scanner = wal.read(deliver, ends, timeticks=True)
         else:  # every message of the stretch is below the timetick floor
             self._index += 1
         return self._scanner
@@ -157,6 +174,17 @@ class NodeScanner:
         self._index += 1
         if scanner is not None:
             await scanner.aclose()
+
+    async def ack(self, message: ImmutableMessage) -> None:
+        """Acknowledge ``message`` for the subscription (see ``Scanner.ack``; a node
+        scanner with a subscription reads the live pchannel only)."""
+        scanner = self._scanner or await self._open()
+        await scanner.ack(message)
+
+    async def flush(self) -> None:
+        """Write the subscription's latest acknowledged checkpoint now."""
+        if self._scanner is not None:
+            await self._scanner.flush()
 
     async def aclose(self) -> None:
         """Stop the scanner; iteration then ends. Idempotent."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, final
+from typing import TYPE_CHECKING, Final, Literal, final
 
 import msgspec
 
@@ -27,7 +27,7 @@ from ._deliver import Checkpoint, DeliverPolicy
 from ._errors import InvalidArgument, WALClosed
 from ._filter import Filter
 from ._ids import MessageId
-from ._message import ImmutableMessage
+from ._message import ImmutableMessage, MessageType
 from ._source import LogSource
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ __all__ = ("Scanner", "ScannerStats", "Subscription")
 
 #: Opens the source of a scanner from a (backend-level) deliver policy and a filter.
 OpenSource = Callable[[DeliverPolicy, Filter], LogSource]
+
+_TIME_TICK: Final = MessageType.TIME_TICK
 
 
 class ScannerStats(msgspec.Struct, frozen=True):
@@ -76,23 +78,27 @@ class Scanner:
     Iteration waits for new messages at the end of the log; it ends only when this scanner
     is closed with ``aclose()``. If the WAL is closed underneath it, iteration raises
     ``WALClosed`` instead, so a reader never mistakes a shutdown for the end of the log.
-    Unless read ``raw``, messages come in timetick order, and a transaction appears only
-    once committed, as one ``MessageType.TXN`` message.
+    Unless read ``raw``, messages come in timetick order, a transaction appears only
+    once committed, as one ``MessageType.TXN`` message, and the WAL's own TimeTicks are
+    left out unless asked for (``timeticks``).
     """
 
     __slots__ = (
+        "_acked_last",
         "_batch",
         "_checkpoints",
         "_deliver",
         "_delivered",
         "_floor",
         "_index",
+        "_last_out",
         "_on_close",
         "_open_source",
         "_reorder",
         "_source",
         "_source_filter",
         "_subscription",
+        "_timeticks",
         "_txns",
         "_user_closed",
         "_wal_closed",
@@ -106,6 +112,7 @@ class Scanner:
         deliver: DeliverPolicy,
         selected: Filter,
         raw: bool = False,
+        timeticks: bool = False,
         ordered: bool = True,
         txn_buffer_bytes: int = 64 << 20,
         subscription: Subscription | None = None,
@@ -117,6 +124,12 @@ class Scanner:
         self._user_closed = False
         self._wal_closed = False
         self._delivered = 0
+        self._timeticks = raw or timeticks
+        # The last message handed out, and whether an ack covered it: while every
+        # delivered message is acknowledged, the TimeTicks left out move a subscription's
+        # checkpoint on (a filtered subscription on a quiet vchannel still advances).
+        self._last_out: ImmutableMessage | None = None
+        self._acked_last = True
         self._reorder = None if raw else ReorderBuffer(ordered=ordered)
         self._txns = None if raw else TxnBuffer(max_bytes=txn_buffer_bytes)
         if raw or selected.min_timetick <= 0:
@@ -195,13 +208,24 @@ class Scanner:
                     batch = self._txns.push(batch)
                 if self._floor >= 0 and batch:
                     batch = self._above_floor(batch)
+                if batch and not self._timeticks:
+                    batch = self._without_ticks(batch)
                 if batch:
                     self._delivered += len(batch)
+                    self._last_out, self._acked_last = batch[-1], False
                     return batch
         except WALClosed:
             if self._user_closed:
                 raise StopAsyncIteration from None
             raise
+
+    def _without_ticks(self, batch: Sequence[ImmutableMessage]) -> Sequence[ImmutableMessage]:
+        """``batch`` without TimeTicks. A batch of ticks alone moves the subscription's
+        checkpoint to its last tick if every message delivered so far is acknowledged."""
+        kept = [m for m in batch if m.type is not _TIME_TICK]
+        if not kept and self._acked_last and self._checkpoints is not None:
+            self._checkpoints.note(batch[-1].checkpoint)
+        return kept
 
     def _above_floor(self, batch: Sequence[ImmutableMessage]) -> Sequence[ImmutableMessage]:
         """Drop messages at or below the timetick floor; batches come in tick order, so
@@ -228,6 +252,9 @@ class Scanner:
         if self._checkpoints is None:
             raise InvalidArgument("ack of a message this scanner has not delivered yet")
         self._checkpoints.note(message.checkpoint)
+        last = self._last_out
+        if last is not None and message.timetick >= last.timetick:
+            self._acked_last = True
 
     async def flush(self) -> None:
         """Write the subscription's latest acknowledged checkpoint now."""

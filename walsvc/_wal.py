@@ -426,6 +426,7 @@ class WAL:
         filters: Iterable[Filter] = (),
         *,
         raw: bool = False,
+        timeticks: bool = False,
         use_cache: bool = True,
         subscription: str | None = None,
         txn_buffer_bytes: int = DEFAULT_TXN_BUFFER_BYTES,
@@ -438,16 +439,23 @@ class WAL:
         bodies are held, up to ``txn_buffer_bytes`` per scanner, else ``TxnBufferFull``).
         ``raw=True`` delivers the log exactly as stored instead (transaction control and
         bodies included). On a writer, scanners read the tail cache when it holds what
-        they need next (``use_cache=False``: always the backend), and a scanner that has
-        caught up also receives the idle TimeTicks of the timetick sync
-        (``persisted=False``; not with ``use_cache=False``).
+        they need next (``use_cache=False``: always the backend).
+
+        The WAL's own TimeTicks (``MessageType.TIME_TICK``: one at each open, then one
+        after each burst of appends, and while a scanner waits at the end of the log the
+        unpersisted idle ticks of the timetick sync, ``persisted=False``) are left out
+        unless ``timeticks=True`` (or ``raw=True``). Filters never drop them: a tick
+        passes every filter, so a reader of a quiet vchannel that asks for them still
+        sees time move.
 
         ``subscription="name"`` makes the scanner resume after the last message
         acknowledged with ``await scanner.ack(message)`` by an earlier scanner of that
         name (``deliver`` applies only when the subscription has no checkpoint yet). Its
         checkpoint is stored with the log, written at most every ``checkpoint_interval``
         seconds and on ``aclose``; a reader that dies between two writes gets again the
-        messages after the last written checkpoint. One scanner per name at a time
+        messages after the last written checkpoint. While every delivered message is
+        acknowledged, the TimeTicks left out move the checkpoint on, so a subscription on
+        a quiet vchannel does not fall behind the log. One scanner per name at a time
         (``SubscriptionBusy``).
         """
         if self._closed:
@@ -487,6 +495,7 @@ class WAL:
             deliver=deliver,
             selected=selected,
             raw=raw,
+            timeticks=timeticks,
             ordered=self._backend.ticks_in_log_order,
             txn_buffer_bytes=txn_buffer_bytes,
             subscription=claimed,

@@ -129,7 +129,8 @@ class MemoryBackend(Backend):
         if self._log.term != self.term:
             raise WALFenced(
                 f"memory WAL {self.pchannel!r}: term {self.term} was fenced by term"
-                f" {self._log.term}"
+                f" {self._log.term} (another read-write open of this pchannel, in this"
+                " process; readers open with read_only=True, which fences nothing)"
             )
 
     def append(self, records: Sequence[bytes]) -> _Ids:

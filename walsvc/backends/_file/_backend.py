@@ -32,6 +32,7 @@ from ..._errors import (
 from ..._filter import Filter
 from ..._ids import MessageId
 from .._base import Backend, BackendScanner
+from .._identity import this_writer
 from ._directory import LogDirectory, fsync_directory
 from ._format import segment_seq
 from ._head import HeadFile, HeadState
@@ -41,6 +42,7 @@ from ._scanner import FileRunScanner, FileScanner
 from ._seek import record_before_timetick
 from ._subscriptions import FileSubscriptionStore
 from ._writer import GroupCommitWriter
+from ._writer_note import write_writer_note
 
 _S = TypeVar("_S", bound=FileScanner)
 
@@ -273,6 +275,7 @@ def _recover_locked(directory: LogDirectory, sync: bool, segment_size: int) -> G
         HeadState(term, tail.next_seq, state.first_seq, last_timetick, tail.segment, tail.offset),
         sync=True,
     )
+    write_writer_note(directory.path, term, this_writer())
     return GroupCommitWriter(directory, term, tail, sync=sync, segment_size=segment_size)
 
 

@@ -45,6 +45,7 @@ from ._format import encode_frames
 from ._head import HeadState
 from ._ids import FileMessageId
 from ._recovery import Tail
+from ._writer_note import read_writer_note
 
 try:
     from . import _ccommit
@@ -284,9 +285,12 @@ class GroupCommitWriter:
         return OSError(value, os.strerror(value))
 
     def _fenced(self, term: int) -> WALFenced:
+        who = read_writer_note(self._directory.path, term)
+        by = "" if who is None else f" ({who})"
         return WALFenced(
             f"file WAL {self._directory.path}: term {self._term} was fenced by a"
-            f" writer with term {term}"
+            f" writer with term {term}{by}: another read-write open of this pchannel;"
+            " readers open with read_only=True, which fences nothing"
         )
 
     def _finish(
