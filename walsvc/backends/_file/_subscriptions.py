@@ -27,6 +27,7 @@ from ..._subscriptions import (
     encode_checkpoint,
     is_subscription_name,
 )
+from ._directory import fsync_directory
 
 __all__ = ("FileSubscriptionStore",)
 
@@ -138,7 +139,7 @@ class FileSubscriptionStore(SubscriptionStore):
     def _make_dir(self) -> None:
         if not self._dir_ready:
             os.makedirs(self.path, exist_ok=True)
-            _fsync_directory(os.path.dirname(self.path))  # the new directory's entry
+            fsync_directory(os.path.dirname(self.path))  # the new directory's entry
             self._dir_ready = True
 
     def _file(self, name: str) -> str:
@@ -182,14 +183,14 @@ class FileSubscriptionStore(SubscriptionStore):
             except OSError:
                 pass
             raise
-        _fsync_directory(self.path)
+        fsync_directory(self.path)
 
     def _unlink(self, path: str) -> None:
         try:
             os.unlink(path)
         except FileNotFoundError:
             return
-        _fsync_directory(self.path)
+        fsync_directory(self.path)
 
     def _list(self) -> list[str]:
         try:
@@ -205,14 +206,6 @@ def _read_file(path: str) -> bytes | None:
             return file.read(MAX_CHECKPOINT_BYTES + 1)
     except FileNotFoundError:
         return None
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 async def _in_thread(what: str, call: Callable[[], _R]) -> _R:
