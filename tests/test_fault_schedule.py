@@ -147,7 +147,9 @@ def _log(url: str) -> tuple[list[walsvc.ImmutableMessage], list[walsvc.Immutable
             out: list[walsvc.ImmutableMessage] = []
             if last is None:
                 return out
-            async with asyncio.timeout(60), wal.read(DeliverPolicy.all(), raw=raw) as scanner:
+            # timeticks: `last` may be a TimeTick, which a default read never delivers.
+            reading = wal.read(DeliverPolicy.all(), raw=raw, timeticks=True)
+            async with asyncio.timeout(60), reading as scanner:
                 async for message in scanner:
                     if message.persisted:
                         out.append(message)

@@ -169,7 +169,7 @@ async def _read_all(wal: walsvc.WAL) -> list[ImmutableMessage]:
     out: list[ImmutableMessage] = []
     if last is None:
         return out
-    async with asyncio.timeout(30), wal.read(DeliverPolicy.all()) as scanner:
+    async with asyncio.timeout(30), wal.read(DeliverPolicy.all(), timeticks=True) as scanner:
         async for message in scanner:
             out.append(message)
             if message.message_id >= last:
