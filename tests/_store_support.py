@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import walsvc
-from walsvc import Checkpoint, MessageId
-from walsvc._subscriptions import SubscriptionStore
+from walsvc import Checkpoint, Filter, MessageId, MessageType
+from walsvc._subscriptions import StoredSubscription, SubscriptionScope, SubscriptionStore
 
 __all__ = ("store_round_trip",)
 
@@ -34,6 +34,17 @@ async def store_round_trip(store: SubscriptionStore, first: MessageId, second: M
     await store.save("reader", one)  # a deleted name can be saved again
     assert await store.load("reader") == one
     await store.delete("reader")
+    # The scope a subscription reads is stored with its checkpoint, and replaced by the
+    # next save (none given: none stored).
+    scope = SubscriptionScope.of(Filter(vchannels=["v\u00e9", "v1"], types=[MessageType.INSERT]))
+    await store.save("scoped", one, scope)
+    assert await store.load_stored("scoped") == StoredSubscription(one, scope)
+    assert await store.load("scoped") == one
+    await store.save("scoped", two)
+    assert await store.load_stored("scoped") == StoredSubscription(two, None)
+    await store.delete("scoped")
+    with pytest.raises(TypeError):
+        await store.save("scoped", one, "vchannels v1")  # type: ignore[arg-type]
     with pytest.raises(walsvc.InvalidArgument):
         await store.load(".hidden")
     with pytest.raises(TypeError):

@@ -33,7 +33,12 @@ from walsvc import (
     WALClosed,
 )
 from walsvc._errors import SubscriptionBusy
-from walsvc._subscriptions import CheckpointWriter, MemorySubscriptionStore, SubscriptionStore
+from walsvc._subscriptions import (
+    CheckpointWriter,
+    MemorySubscriptionStore,
+    StoredSubscription,
+    SubscriptionStore,
+)
 from walsvc.backends import Backend
 from walsvc.backends._file._subscriptions import FileSubscriptionStore
 
@@ -235,7 +240,7 @@ async def test_the_file_holds_a_checksummed_checkpoint(tmp_path: Path) -> None:
     _, path = await _saved_file(tmp_path, _tick(42))
     data = path.read_bytes()
     assert data.startswith(b"WSUB")
-    assert data.endswith(b"42@")
+    assert data.endswith(b"42@\n\n"), "version 2: the checkpoint, then no scope"
     assert [p.name for p in path.parent.iterdir()] == ["s"], "no temporary file left"
 
 
@@ -331,10 +336,10 @@ class GatedStore(SubscriptionStore):
         self.most_in_flight = 0
         self.fail_next: Exception | None = None
 
-    async def _load(self, name: str) -> Checkpoint | None:
-        return await self.inner.load(name)
+    async def _load(self, name: str) -> StoredSubscription | None:
+        return await self.inner.load_stored(name)
 
-    async def _save(self, name: str, checkpoint: Checkpoint) -> None:
+    async def _save(self, name: str, stored: StoredSubscription) -> None:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -342,7 +347,7 @@ class GatedStore(SubscriptionStore):
             failure, self.fail_next = self.fail_next, None
             if failure is not None:
                 raise failure
-            await self.inner.save(name, checkpoint)
+            await self.inner.save(name, stored.checkpoint, stored.scope)
         finally:
             self.in_flight -= 1
 

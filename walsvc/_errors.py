@@ -15,6 +15,7 @@ __all__ = (
     "MessageTooLarge",
     "RoutingMismatch",
     "SubscriptionBusy",
+    "SubscriptionMismatch",
     "TxnAborted",
     "TxnBufferFull",
     "TxnError",
@@ -122,6 +123,12 @@ class TxnBufferFull(WALError):
 
 class SubscriptionBusy(WALError):
     """Another scanner of this process already reads with the same subscription name."""
+
+
+class SubscriptionMismatch(InvalidArgument):
+    """A scanner asked for a durable subscription with other vchannels or types than the
+    subscription was stored with: its checkpoint is a position among the messages of its
+    own filter, so reading another set from it would skip or repeat messages."""
 
 
 class RoutingMismatch(InvalidArgument):

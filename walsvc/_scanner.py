@@ -31,7 +31,7 @@ from ._message import ImmutableMessage, MessageType
 from ._source import LogSource
 
 if TYPE_CHECKING:
-    from ._subscriptions import CheckpointWriter, SubscriptionStore
+    from ._subscriptions import CheckpointWriter, SubscriptionScope, SubscriptionStore
 
 __all__ = ("Scanner", "ScannerStats", "Subscription")
 
@@ -61,14 +61,18 @@ class ScannerStats(msgspec.Struct, frozen=True):
 
 @final
 class Subscription:
-    """A named, durable resume point: the store it lives in and its name."""
+    """A named, durable resume point: the store it lives in, its name, how often its
+    checkpoint is written and the scope (vchannels, types) it reads."""
 
-    __slots__ = ("interval", "name", "store")
+    __slots__ = ("interval", "name", "scope", "store")
 
-    def __init__(self, store: SubscriptionStore, name: str, interval: float) -> None:
+    def __init__(
+        self, store: SubscriptionStore, name: str, interval: float, scope: SubscriptionScope
+    ) -> None:
         self.store = store
         self.name = name
         self.interval = interval
+        self.scope = scope
 
 
 @final
@@ -151,17 +155,24 @@ class Scanner:
         return self._source
 
     async def _start_subscription(self, subscription: Subscription) -> LogSource:
-        from ._subscriptions import CheckpointWriter
+        from ._subscriptions import CheckpointWriter, check_scope
 
-        stored = await subscription.store.load(subscription.name)
+        stored = await subscription.store.load_stored(subscription.name)
         if self._user_closed or self._wal_closed:
             # Closed while loading: the close released the claim and had nothing to
             # close or flush; open nothing now (``_next_batch`` ends the iteration).
             raise WALClosed("the scanner was closed")
+        start = None if stored is None else stored.checkpoint
+        if stored is not None:
+            check_scope(subscription.name, stored.scope, subscription.scope)
         self._checkpoints = CheckpointWriter(
-            subscription.store, subscription.name, interval=subscription.interval, start=stored
+            subscription.store,
+            subscription.name,
+            interval=subscription.interval,
+            start=start,
+            scope=subscription.scope,
         )
-        deliver = self._deliver if stored is None else DeliverPolicy.from_checkpoint(stored)
+        deliver = self._deliver if start is None else DeliverPolicy.from_checkpoint(start)
         return self._start(deliver)
 
     def __aiter__(self) -> Scanner:

@@ -1,15 +1,18 @@
 """Durable named subscriptions: where each named reader of a pchannel resumes.
 
-A ``SubscriptionStore`` keeps one ``Checkpoint`` per subscription name beside the log
-(``memory://``: in the process, here; ``file://``: one small file per name beside the
-log, see the file backend's ``_subscriptions``). A ``CheckpointWriter`` takes a reader's
-acknowledgements (``note``) and writes the newest one to the store, forward-only and
-throttled. ``encode_checkpoint`` is the stored form every durable store writes.
+A ``SubscriptionStore`` keeps one ``StoredSubscription`` per subscription name beside the
+log (``memory://``: in the process, here; ``file://``: one small file per name beside the
+log, see the file backend's ``_subscriptions``): the checkpoint to resume from and the
+``SubscriptionScope`` (which vchannels and types) the subscription reads. A
+``CheckpointWriter`` takes a reader's acknowledgements (``note``) and writes the newest
+one to the store, forward-only and throttled. ``encode_subscription`` is the stored form
+every durable store writes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import re
 import struct
@@ -19,6 +22,7 @@ from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from typing import Final, TypeVar, final
 
+import msgspec
 from crc32c import crc32c
 
 from ._deliver import Checkpoint
@@ -27,18 +31,23 @@ from ._errors import (
     CorruptRecord,
     InvalidArgument,
     SubscriptionBusy,
+    SubscriptionMismatch,
     WALClosed,
     WALError,
 )
+from ._filter import Filter
+from ._message import MessageType
 
 __all__ = (
     "MAX_CHECKPOINT_BYTES",
     "CheckpointWriter",
     "MemorySubscriptionStore",
+    "StoredSubscription",
+    "SubscriptionScope",
     "SubscriptionStore",
     "check_subscription_name",
-    "decode_checkpoint",
-    "encode_checkpoint",
+    "decode_subscription",
+    "encode_subscription",
     "is_subscription_name",
 )
 
@@ -64,6 +73,67 @@ def is_subscription_name(name: str) -> bool:
     return _NAME.fullmatch(name) is not None
 
 
+_MAX_DESCRIPTION: Final = 200
+
+
+@final
+class SubscriptionScope(msgspec.Struct, frozen=True):
+    """Which messages a subscription reads: the vchannels and message types of its
+    filter, as a digest (SHA-256 of the sorted sets; equal exactly when both sets are
+    equal) and a short description for error messages (at most 200 ASCII characters).
+    A scanner's ``min_timetick`` is not part of it: resuming skips what it skipped."""
+
+    digest: str
+    description: str
+
+    @classmethod
+    def of(cls, selected: Filter) -> SubscriptionScope:
+        """The scope of a scanner reading with the combined filter ``selected``."""
+        vchannels = None if selected.vchannels is None else sorted(selected.vchannels)
+        types = None if selected.types is None else sorted(selected.types)
+        canonical = msgspec.json.encode({"vchannels": vchannels, "types": types})
+        described = (
+            f"vchannels {'(any)' if vchannels is None else ascii(vchannels)},"
+            f" types {'(any)' if types is None else _type_names(types)}"
+        )
+        if len(described) > _MAX_DESCRIPTION:
+            described = described[: _MAX_DESCRIPTION - 3] + "..."
+        return cls(hashlib.sha256(canonical).hexdigest(), described)
+
+
+def _type_names(types: list[int]) -> str:
+    names = []
+    for value in types:
+        try:
+            names.append(MessageType(value).name)
+        except ValueError:
+            names.append(str(value))
+    return "[" + ", ".join(names) + "]"
+
+
+@final
+class StoredSubscription(msgspec.Struct, frozen=True):
+    """What a store keeps for one subscription: the checkpoint it resumes after, and the
+    scope it reads (None for one stored before walsvc kept scopes: the next write of its
+    checkpoint records the scope of the scanner that writes it)."""
+
+    checkpoint: Checkpoint
+    scope: SubscriptionScope | None
+
+
+def check_scope(name: str, stored: SubscriptionScope | None, wanted: SubscriptionScope) -> None:
+    """Raise ``SubscriptionMismatch`` if subscription ``name`` was stored with another
+    scope than ``wanted``: its checkpoint says how far it read of other messages."""
+    if stored is not None and stored.digest != wanted.digest:
+        raise SubscriptionMismatch(
+            f"subscription {name!r} reads {stored.description}; this scanner asks for"
+            f" {wanted.description}. Its checkpoint is a position in the messages it reads,"
+            " so a different filter would skip or repeat messages: read with the same"
+            " filter, use another subscription name, or delete this one"
+            " (WAL.delete_subscription) to start it again."
+        )
+
+
 # Claims are process-wide: every store instance for the same log and pchannel shares them.
 _claims_lock: Final = threading.Lock()
 _claims: Final[dict[Hashable, set[str]]] = {}
@@ -86,16 +156,26 @@ class SubscriptionStore(ABC):
     async def load(self, name: str) -> Checkpoint | None:
         """The checkpoint last saved under ``name``, or None if there is none. Raises
         ``CorruptRecord`` if the stored checkpoint fails its checks."""
+        stored = await self.load_stored(name)
+        return None if stored is None else stored.checkpoint
+
+    async def load_stored(self, name: str) -> StoredSubscription | None:
+        """The checkpoint and scope last saved under ``name``, or None (as ``load``)."""
         return await self._load(check_subscription_name(name))
 
-    async def save(self, name: str, checkpoint: Checkpoint) -> None:
-        """Store ``checkpoint`` under ``name``, replacing the previous one. Durable when it
-        returns: a crash afterwards keeps it; a crash before leaves the previous one or the
-        new one, whole. Raises ``BackendUnavailable`` if the store cannot be written."""
+    async def save(
+        self, name: str, checkpoint: Checkpoint, scope: SubscriptionScope | None = None
+    ) -> None:
+        """Store ``checkpoint`` (and the ``scope`` it is a position in, if given) under
+        ``name``, replacing the previous one. Durable when it returns: a crash afterwards
+        keeps it; a crash before leaves the previous one or the new one, whole. Raises
+        ``BackendUnavailable`` if the store cannot be written."""
         check_subscription_name(name)
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"save takes a walsvc.Checkpoint, not {checkpoint!r}")
-        await self._save(name, checkpoint)
+        if scope is not None and not isinstance(scope, SubscriptionScope):
+            raise TypeError(f"scope must be a SubscriptionScope or None, not {scope!r}")
+        await self._save(name, StoredSubscription(checkpoint, scope))
 
     async def delete(self, name: str) -> None:
         """Forget the checkpoint of ``name`` (durably). Deleting a missing one does
@@ -147,10 +227,10 @@ class SubscriptionStore(ABC):
         """Hook: end what ``_lock`` claimed."""
 
     @abstractmethod
-    async def _load(self, name: str) -> Checkpoint | None: ...
+    async def _load(self, name: str) -> StoredSubscription | None: ...
 
     @abstractmethod
-    async def _save(self, name: str, checkpoint: Checkpoint) -> None: ...
+    async def _save(self, name: str, stored: StoredSubscription) -> None: ...
 
     @abstractmethod
     async def _delete(self, name: str) -> None: ...
@@ -169,7 +249,8 @@ class CheckpointWriter:
     and throttled. Use it from one event loop.
 
     ``note`` keeps the checkpoint with the greatest timetick; one at or below the greatest
-    noted so far, or below ``start`` (the checkpoint ``load`` returned), is ignored. At most
+    noted so far, or below ``start`` (the checkpoint ``load`` returned), is ignored. Every
+    write stores ``scope`` with the checkpoint. At most
     one write is in flight and writes start at least ``interval`` seconds apart: the first
     note after a quiet period is written at once, later ones when the period ends (a timer
     writes the newest; no further note is needed).
@@ -187,6 +268,7 @@ class CheckpointWriter:
         "_inflight",
         "_interval",
         "_last_start",
+        "_scope",
         "_store",
         "_timer",
         "name",
@@ -202,6 +284,7 @@ class CheckpointWriter:
         *,
         interval: float = 1.0,
         start: Checkpoint | None = None,
+        scope: SubscriptionScope | None = None,
     ) -> None:
         if (
             isinstance(interval, bool)
@@ -212,6 +295,7 @@ class CheckpointWriter:
         if start is not None and not isinstance(start, Checkpoint):
             raise TypeError(f"start must be a walsvc.Checkpoint or None, not {start!r}")
         self._store = store
+        self._scope = scope
         #: The subscription's name.
         self.name = check_subscription_name(name)
         self._interval = float(interval)
@@ -326,7 +410,7 @@ class CheckpointWriter:
         """The in-flight write: never raises (but for cancellation); a failure is kept in
         ``_failure`` for the next call to raise."""
         try:
-            await self._store.save(self.name, checkpoint)
+            await self._store.save(self.name, checkpoint, self._scope)
         except asyncio.CancelledError:
             self._inflight = None
             self._restore(checkpoint)
@@ -361,7 +445,7 @@ class CheckpointWriter:
 # ---------------------------------------------------------------------------------------
 # memory://
 
-_memory: Final[dict[tuple[str, str], dict[str, Checkpoint]]] = {}
+_memory: Final[dict[tuple[str, str], dict[str, StoredSubscription]]] = {}
 
 
 @final
@@ -370,52 +454,58 @@ class MemorySubscriptionStore(SubscriptionStore):
     life of the process, keyed by (location, pchannel), so a WAL reopened on the same URL
     sees them."""
 
-    __slots__ = ("_checkpoints",)
+    __slots__ = ("_stored",)
 
     def __init__(self, location: str, pchannel: str) -> None:
         super().__init__(("memory", location, pchannel))
-        self._checkpoints = _memory.setdefault((location, pchannel), {})
+        self._stored = _memory.setdefault((location, pchannel), {})
 
-    async def _load(self, name: str) -> Checkpoint | None:
-        return self._checkpoints.get(name)
+    async def _load(self, name: str) -> StoredSubscription | None:
+        return self._stored.get(name)
 
-    async def _save(self, name: str, checkpoint: Checkpoint) -> None:
-        self._checkpoints[name] = checkpoint
+    async def _save(self, name: str, stored: StoredSubscription) -> None:
+        self._stored[name] = stored
 
     async def _delete(self, name: str) -> None:
-        self._checkpoints.pop(name, None)
+        self._stored.pop(name, None)
 
     async def _names(self) -> list[str]:
-        return list(self._checkpoints)
+        return list(self._stored)
 
 
 # ---------------------------------------------------------------------------------------
 # The stored form, shared by every durable store
 
 _MAGIC: Final = b"WSUB"
-_VERSION: Final = 1
-# magic, CRC32C of everything after it, version, body length; then the body: the
-# checkpoint's marshal() text in ASCII.
+#: 1: the checkpoint alone; 2: the checkpoint, then a line with the scope's digest and a
+#: line with its description (both empty: no scope). Version 1 still reads.
+_VERSION: Final = 2
+# magic, CRC32C of everything after it, version, body length; then the body: ASCII text,
+# the checkpoint's marshal() (and in version 2 the scope's two lines).
 _HEADER: Final = struct.Struct("<4sIBI")
 _MAX_BODY: Final = 1024
-#: The most bytes a stored checkpoint takes (a reader need not read more to decode it).
+#: The most bytes a stored subscription takes (a reader need not read more to decode it).
 MAX_CHECKPOINT_BYTES: Final = _HEADER.size + _MAX_BODY
 
 
-def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The stored form of ``checkpoint`` (a file of ``file://``, a record value of the
-    brokers): a magic, a CRC32C, a version and its ``marshal()`` text."""
-    body = checkpoint.marshal().encode("ascii")
+def encode_subscription(stored: StoredSubscription) -> bytes:
+    """The stored form of ``stored`` (a file of ``file://``, a record value of the
+    brokers): a magic, a CRC32C, a version and ASCII text (the checkpoint's
+    ``marshal()``, the scope's digest and description), at most ``MAX_CHECKPOINT_BYTES``."""
+    scope = stored.scope
+    lines = [stored.checkpoint.marshal()]
+    lines += ["", ""] if scope is None else [scope.digest, scope.description]
+    body = "\n".join(lines).encode("ascii")
     if len(body) > _MAX_BODY:
-        raise InvalidArgument(f"checkpoint {checkpoint!r} is too long to store")
+        raise InvalidArgument(f"subscription {stored!r} is too long to store")
     tail = struct.pack("<BI", _VERSION, len(body)) + body
     return _MAGIC + crc32c(tail).to_bytes(4, "little") + tail
 
 
-def decode_checkpoint(path: str, data: bytes) -> Checkpoint:
-    """The checkpoint in ``data`` (the content of the file at ``path``); raise
-    ``CorruptRecord`` naming ``path`` if it is truncated, damaged or not a checkpoint
-    file."""
+def decode_subscription(path: str, data: bytes) -> StoredSubscription:
+    """The stored subscription in ``data`` (the content of the file, or record, at
+    ``path``); raise ``CorruptRecord`` naming ``path`` if it is truncated, damaged or not a
+    stored subscription."""
     if len(data) < _HEADER.size:
         raise CorruptRecord(f"{path}: checkpoint file is truncated ({len(data)} bytes)")
     magic, crc, version, length = _HEADER.unpack_from(data)
@@ -429,11 +519,22 @@ def decode_checkpoint(path: str, data: bytes) -> Checkpoint:
         )
     if crc != crc32c(data[len(_MAGIC) + 4 :]):
         raise CorruptRecord(f"{path}: checkpoint file fails its CRC32C check")
-    if version != _VERSION:
+    if version not in (1, 2):
         raise CorruptRecord(f"{path}: unsupported checkpoint file version {version}")
     try:
-        return Checkpoint.unmarshal(data[_HEADER.size :].decode("ascii"))
+        text = data[_HEADER.size :].decode("ascii")
     except UnicodeDecodeError as exc:
         raise CorruptRecord(f"{path}: checkpoint is not ASCII text") from exc
+    lines = text.split("\n") if version == 2 else [text, "", ""]
+    if len(lines) != 3:
+        raise CorruptRecord(f"{path}: checkpoint has {len(lines)} lines, not 3")
+    marshalled, digest, description = lines
+    try:
+        checkpoint = Checkpoint.unmarshal(marshalled)
     except CorruptRecord as exc:
         raise CorruptRecord(f"{path}: {exc}") from exc
+    if not digest:
+        return StoredSubscription(checkpoint, None)
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise CorruptRecord(f"{path}: checkpoint's scope digest {digest!r} is not SHA-256 hex")
+    return StoredSubscription(checkpoint, SubscriptionScope(digest, description))

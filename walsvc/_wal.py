@@ -55,6 +55,7 @@ from ._message import (
 from ._scanner import Scanner, Subscription
 from ._serialization import SerializationPoint
 from ._source import LogSource
+from ._subscriptions import SubscriptionScope
 from ._timetick import TimetickAllocator
 from ._txn import Txn
 from ._txn_replay import read_committed_txn
@@ -456,7 +457,10 @@ class WAL:
         messages after the last written checkpoint. While every delivered message is
         acknowledged, the TimeTicks left out move the checkpoint on, so a subscription on
         a quiet vchannel does not fall behind the log. One scanner per name at a time
-        (``SubscriptionBusy``).
+        (``SubscriptionBusy``). A subscription is a position among the messages of its
+        filter: it keeps the vchannels and types it was first read with, and a scanner
+        that asks for other ones gets ``SubscriptionMismatch`` at its first read (use
+        another name, or ``delete_subscription`` first).
         """
         if self._closed:
             raise WALClosed(f"WAL {self.pchannel!r} is closed")
@@ -480,7 +484,9 @@ class WAL:
                 )
             store = self._backend.subscriptions()
             store.claim(subscription)
-            claimed = Subscription(store, subscription, float(checkpoint_interval))
+            claimed = Subscription(
+                store, subscription, float(checkpoint_interval), SubscriptionScope.of(selected)
+            )
         cache = self._cache if use_cache else None
         if cache is not None:
             acked = self._point.last_acked
@@ -502,6 +508,20 @@ class WAL:
         )
         self._scanners.add(scanner)
         return scanner
+
+    async def delete_subscription(self, name: str) -> None:
+        """Forget the durable subscription ``name`` (its checkpoint and scope), so that the
+        next scanner of that name starts from its ``deliver`` policy, with its own filter.
+        Raises ``SubscriptionBusy`` while a scanner reads it; deleting a name that has no
+        checkpoint does nothing."""
+        if self._closed:
+            raise WALClosed(f"WAL {self.pchannel!r} is closed")
+        store = self._backend.subscriptions()
+        store.claim(name)
+        try:
+            await store.delete(name)
+        finally:
+            store.release(name)
 
     def _forget_scanner(self, scanner: Scanner) -> None:
         self._scanners.discard(scanner)

@@ -13,7 +13,6 @@ from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Final, TypeVar, final
 
-from ..._deliver import Checkpoint
 from ..._errors import (
     BackendUnavailable,
     SubscriptionBusy,
@@ -22,9 +21,10 @@ from ..._errors import (
 )
 from ..._subscriptions import (
     MAX_CHECKPOINT_BYTES,
+    StoredSubscription,
     SubscriptionStore,
-    decode_checkpoint,
-    encode_checkpoint,
+    decode_subscription,
+    encode_subscription,
     is_subscription_name,
 )
 from ._directory import fsync_directory
@@ -41,8 +41,8 @@ _lock_files: Final[dict[tuple[Hashable, str], int]] = {}
 @final
 class FileSubscriptionStore(SubscriptionStore):
     """Subscriptions of a ``file://`` pchannel: the file ``subscriptions/<name>`` inside
-    the pchannel's directory holds the checkpoint of ``name``, with a magic, a version and
-    a CRC32C, so a damaged file raises ``CorruptRecord`` instead of resuming anywhere.
+    the pchannel's directory holds the checkpoint (and scope) of ``name``, with a magic, a
+    version and a CRC32C, so a damaged file raises ``CorruptRecord`` instead of resuming anywhere.
 
     A save writes a hidden temporary file (``.<name>.<random>.tmp``: names cannot start
     with a dot, so it never collides with a subscription), fsyncs it, renames it over the
@@ -145,13 +145,13 @@ class FileSubscriptionStore(SubscriptionStore):
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    async def _load(self, name: str) -> Checkpoint | None:
+    async def _load(self, name: str) -> StoredSubscription | None:
         path = self._file(name)
         data = await _in_thread(f"cannot read checkpoint file {path}", partial(_read_file, path))
-        return None if data is None else decode_checkpoint(path, data)
+        return None if data is None else decode_subscription(path, data)
 
-    async def _save(self, name: str, checkpoint: Checkpoint) -> None:
-        data = encode_checkpoint(checkpoint)
+    async def _save(self, name: str, stored: StoredSubscription) -> None:
+        data = encode_subscription(stored)
         path = self._file(name)
         await _in_thread(f"cannot write checkpoint file {path}", partial(self._write, name, data))
 

@@ -4,9 +4,9 @@ Kafka consumer-group offsets.
 Where a checkpoint lives. The checkpoints of pchannel P are records of the one-partition
 topic ``<topic_prefix>_sub.<P>`` (``cleanup.policy=compact``): key = the subscription
 name (ASCII), value = the checkpoint encoded as a ``file://`` checkpoint file is (magic,
-CRC32C, version, ``Checkpoint.marshal()`` text), a tombstone (null value) for a deleted
-one. The newest record of a key wins; ``load`` and ``names`` read the topic to its end.
-This topic is the only authority.
+CRC32C, version, ``Checkpoint.marshal()`` text and the subscription's scope), a tombstone
+(null value) for a deleted one. The newest record of a key wins; ``load`` and ``names``
+read the topic to its end. This topic is the only authority.
 
 The mirror. Every save also commits, for the consumer group ``<topic_prefix>_sub.<P>.<name>``,
 the checkpoint's last-confirmed offset (0 when it has none) on partition 0 of the WAL's
@@ -44,13 +44,13 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from aiokafka.protocol.commit import OffsetCommitRequest
 
-from ..._deliver import Checkpoint
 from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 from ..._subscriptions import (
+    StoredSubscription,
     SubscriptionStore,
     check_subscription_name,
-    decode_checkpoint,
-    encode_checkpoint,
+    decode_subscription,
+    encode_subscription,
 )
 from ._client import new_admin, new_producer, stop_quietly
 from ._ids import KafkaMessageId
@@ -127,7 +127,7 @@ class KafkaSubscriptionStore(SubscriptionStore):
 
     # -- SubscriptionStore --------------------------------------------------------------
 
-    async def _load(self, name: str) -> Checkpoint | None:
+    async def _load(self, name: str) -> StoredSubscription | None:
         found: Any = None
         for record in await self._records():
             if self._name_of(record) == name:
@@ -135,12 +135,12 @@ class KafkaSubscriptionStore(SubscriptionStore):
         if found is None or found.value is None:
             return None
         where = f"{self.topic}@{found.offset} (subscription {name!r})"
-        return decode_checkpoint(where, found.value)
+        return decode_subscription(where, found.value)
 
-    async def _save(self, name: str, checkpoint: Checkpoint) -> None:
-        value = encode_checkpoint(checkpoint)
+    async def _save(self, name: str, stored: StoredSubscription) -> None:
+        value = encode_subscription(stored)
         await self._produce(name, value)
-        lc = checkpoint.last_confirmed_id
+        lc = stored.checkpoint.last_confirmed_id
         offset = lc.seq if isinstance(lc, KafkaMessageId) else 0
         await self._commit_group(name, offset, base64.b64encode(value).decode("ascii"))
 

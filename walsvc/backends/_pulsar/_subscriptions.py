@@ -4,9 +4,10 @@ Where a checkpoint lives. The checkpoints of pchannel P are messages of the topi
 ``<topic_prefix>_sub.<P>`` (a pchannel name starts with a letter or a digit, so it never
 collides with a pchannel's topic): partition key = the subscription name (ASCII), data =
 the checkpoint encoded as a ``file://`` checkpoint file is (magic, CRC32C, version,
-``Checkpoint.marshal()`` text); a deleted one is an empty message with the property
-``walsvc.deleted``. The newest message of a key wins; ``load`` and ``names`` read the
-topic up to its end as of the call. This topic is the only authority.
+``Checkpoint.marshal()`` text and the subscription's scope); a deleted one is an empty
+message with the property ``walsvc.deleted``. The newest message of a key wins; ``load``
+and ``names`` read the topic up to its end as of the call. This topic is the only
+authority.
 
 Reading. The end is found as the backend's tail tracker finds it (a throwaway consumer's
 ``get_last_message_id``; Pulsar Lite answers ``UnknownError`` for a topic without
@@ -42,13 +43,13 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Final, final
 
-from ..._deliver import Checkpoint
 from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 from ..._subscriptions import (
+    StoredSubscription,
     SubscriptionStore,
     check_subscription_name,
-    decode_checkpoint,
-    encode_checkpoint,
+    decode_subscription,
+    encode_subscription,
 )
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId
@@ -120,7 +121,7 @@ class PulsarSubscriptionStore(SubscriptionStore):
 
     # -- SubscriptionStore --------------------------------------------------------------
 
-    async def _load(self, name: str) -> Checkpoint | None:
+    async def _load(self, name: str) -> StoredSubscription | None:
         await self._catch_up()
         found = self._latest.get(name)
         if found is None:
@@ -128,12 +129,12 @@ class PulsarSubscriptionStore(SubscriptionStore):
         message_id, value = found
         if value is None:
             return None
-        return decode_checkpoint(
+        return decode_subscription(
             f"{self.topic}@{message_id.marshal()} (subscription {name!r})", value
         )
 
-    async def _save(self, name: str, checkpoint: Checkpoint) -> None:
-        await self._produce(name, encode_checkpoint(checkpoint), {})
+    async def _save(self, name: str, stored: StoredSubscription) -> None:
+        await self._produce(name, encode_subscription(stored), {})
 
     async def _delete(self, name: str) -> None:
         await self._produce(name, b"", {DELETED: "1"})
