@@ -482,6 +482,17 @@ def decode_chunk(
     admits = selected.admits
     hashes = selected.vchannel_hashes
     if hashes is not None and selected.vchannels_only:
+        match_hashes = _compiled.match_hashes
+        if match_hashes is not None:  # the same walk, compiled; it stops at a bad header
+            found, offset, examined, left = match_hashes(data, offset, end, hashes, units, extra)
+            for i in range(0, len(found), 3):
+                at = found[i]
+                message, _ = _decode_at(
+                    data, at, at + found[i + 1], make_id(first_seq + found[i + 2])
+                )
+                if admits(message):
+                    out.append(message)
+            seq, stop = first_seq + examined, first_seq + left
         while offset < end and seq < stop:
             if end - offset < HEADER_SIZE:
                 raise CorruptRecord(f"run ends inside a record header at byte {offset}")

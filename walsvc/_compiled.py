@@ -12,6 +12,7 @@ __all__ = (
     "encode_plain_batch",
     "encode_plain_one",
     "gather_payloads",
+    "match_hashes",
     "numbered_strings",
 )
 
@@ -20,12 +21,18 @@ gather_payloads: Callable[[bytes | memoryview, list[int], list[int]], tuple[byte
 encode_plain_batch: Callable[..., list[bytes] | None] | None
 encode_plain_one: Callable[..., bytes | None] | None
 numbered_strings: Callable[[bytes, int, int], tuple[bytes, bytes]] | None
+match_hashes: (
+    Callable[
+        [bytes | memoryview, int, int, frozenset[int], int, int], tuple[list[int], int, int, int]
+    ]
+    | None
+)
 are_plain: Callable[[list[Any], int], bool] | None
 
 try:
     from . import _speedups
 except ImportError:
-    decode_columns_into = gather_payloads = numbered_strings = None
+    decode_columns_into = gather_payloads = numbered_strings = match_hashes = None
     encode_plain_batch = encode_plain_one = are_plain = None
 else:
     decode_columns_into = _speedups.decode_columns_into
@@ -33,6 +40,7 @@ else:
     encode_plain_batch = _speedups.encode_plain_batch
     encode_plain_one = _speedups.encode_plain_one
     numbered_strings = _speedups.numbered_strings
+    match_hashes = _speedups.match_hashes
     # The message encoders read walsvc.Message's fields from their slots once bound; if
     # binding fails they read them by name, and are_plain cannot answer.
     from ._message import Message

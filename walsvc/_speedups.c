@@ -56,6 +56,17 @@
  * Arrow string column (int32 offsets, native byte order; `prefix` is UTF-8 bytes): the
  * message-id column of a run of sequence-numbered records ("file:123").
  *
+ * match_hashes(data, start, end, hashes, units, extra) -> (matches, offset, examined, units)
+ *
+ * the header walk of walsvc._codec.decode_chunk for a vchannel-only filter: steps over
+ * envelopes from `start` while `units` last (each envelope examined costs 1, each one
+ * whose vchannel hash is in the int collection `hashes` `extra` more) and returns the
+ * flat list [offset, length, index, ...] of the matching envelopes (index: count of
+ * envelopes before it from `start`), the offset it stopped at, how many envelopes it
+ * examined and the units left. It stops early, without raising, at a header that fails
+ * a check: the caller's Python loop goes on from there and raises the CorruptRecord
+ * naming the fault. About 5 ns an envelope instead of about 0.5 us.
+ *
  * The envelope header is 36 bytes, little-endian ("<BBHIIHHQQI"): version, flags, type,
  * total length, vchannel hash, vchannel length, reserved, timetick, term, ext length.
  */
@@ -598,6 +609,106 @@ numbered_strings(PyObject *Py_UNUSED(module), PyObject *args)
     return result;
 }
 
+static int
+compare_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static PyObject *
+match_hashes(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *data, *hashes;
+    Py_ssize_t start, end, units, extra;
+    if (!PyArg_ParseTuple(args, "OnnOnn", &data, &start, &end, &hashes, &units, &extra)) {
+        return NULL;
+    }
+    if (extra < 0) {
+        PyErr_SetString(PyExc_ValueError, "extra must be >= 0");
+        return NULL;
+    }
+    PyObject *items = PySequence_Fast(hashes, "hashes must be a collection of ints");
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+    uint32_t *wanted = PyMem_Malloc((size_t)(count > 0 ? count : 1) * sizeof(uint32_t));
+    if (wanted == NULL) {
+        Py_DECREF(items);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        unsigned long value = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(items, i));
+        if (PyErr_Occurred() || value > UINT32_MAX) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_OverflowError, "a vchannel hash is above 2**32 - 1");
+            }
+            PyMem_Free(wanted);
+            Py_DECREF(items);
+            return NULL;
+        }
+        wanted[i] = (uint32_t)value;
+    }
+    Py_DECREF(items);
+    qsort(wanted, (size_t)count, sizeof(uint32_t), compare_u32);
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        PyMem_Free(wanted);
+        return NULL;
+    }
+    PyObject *matches = NULL, *result = NULL;
+    if (start < 0 || end > view.len || start > end) {
+        PyErr_Format(PyExc_ValueError, "run [%zd, %zd) is outside the %zd bytes given", start,
+                     end, view.len);
+        goto done;
+    }
+    matches = PyList_New(0);
+    if (matches == NULL) {
+        goto done;
+    }
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t offset = start, examined = 0;
+    while (offset < end && examined < units) {
+        if (end - offset < HEADER_SIZE) {
+            break;
+        }
+        const unsigned char *p = buf + offset;
+        uint32_t total = read32(p + 4);
+        if (p[0] != VERSION || total < HEADER_SIZE || (Py_ssize_t)total > end - offset) {
+            break;
+        }
+        uint32_t hash = read32(p + 8);
+        int found = 0;
+        if (count <= 8) {
+            for (Py_ssize_t i = 0; i < count; i++) {
+                if (wanted[i] == hash) {
+                    found = 1;
+                    break;
+                }
+            }
+        } else {
+            found = bsearch(&hash, wanted, (size_t)count, sizeof(uint32_t), compare_u32) != NULL;
+        }
+        if (found) {
+            if (append_new(matches, PyLong_FromSsize_t(offset)) < 0 ||
+                append_new(matches, PyLong_FromSsize_t((Py_ssize_t)total)) < 0 ||
+                append_new(matches, PyLong_FromSsize_t(examined)) < 0) {
+                goto done;
+            }
+            units -= extra;
+        }
+        offset += (Py_ssize_t)total;
+        examined += 1;
+    }
+    result = Py_BuildValue("(Onnn)", matches, offset, examined, units);
+done:
+    Py_XDECREF(matches);
+    PyBuffer_Release(&view);
+    PyMem_Free(wanted);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_columns_into", decode_columns_into, METH_VARARGS,
      "The loop of walsvc._codec.decode_columns, compiled (see the module comment)."},
@@ -611,6 +722,8 @@ static PyMethodDef methods[] = {
      "Whether encode_plain_batch can take a batch, see the module comment."},
     {"numbered_strings", numbered_strings, METH_VARARGS,
      "prefix + str(first + i) as an Arrow string column's buffers, see the module comment."},
+    {"match_hashes", match_hashes, METH_VARARGS,
+     "The header walk of a vchannel-only filter, see the module comment."},
     {"gather_payloads", gather_payloads, METH_VARARGS,
      "The payload column of a run: (int32 offsets, values), see the module comment."},
     {NULL, NULL, 0, NULL},

@@ -451,7 +451,8 @@ class WAL:
 
         ``subscription="name"`` makes the scanner resume after the last message
         acknowledged with ``await scanner.ack(message)`` by an earlier scanner of that
-        name (``deliver`` applies only when the subscription has no checkpoint yet). Its
+        name (``deliver`` applies only when the subscription has no checkpoint yet, and is
+        resolved at the first read, when the checkpoint is loaded). Its
         checkpoint is stored with the log, written at most every ``checkpoint_interval``
         seconds and on ``aclose``; a reader that dies between two writes gets again the
         messages after the last written checkpoint. While every delivered message is
