@@ -16,9 +16,11 @@ these functions on two source trees alternately (before and after in one run):
   cache) while a writer in this process (``sync="none"``) appends one message every
   20 ms; for each append, the time from the call until each reader has it; p50/p99/max
   in ms, plus RSS, threads and open descriptors with the readers waiting.
-- ``idle_pchannels(count)``: ``count`` file WALs open read-write (default chain), nothing
-  appended; CPU (user + system of the process, every thread, from getrusage) over
-  ``IDLE_SECONDS`` of wall time, as a share of one core; RSS, threads and descriptors.
+- ``idle_pchannels(count, appended="0")``: ``count`` file WALs open read-write (default
+  chain), nothing appended (``appended="1"``: one message appended to each first, so
+  each has had its commit thread); CPU (user + system of the process, every thread, from
+  getrusage) over ``IDLE_SECONDS`` of wall time, as a share of one core; RSS, threads and
+  descriptors.
 - ``idle_tailing(count)``: a writer (file://, default chain) with ``count`` scanners
   waiting at the end of its log (tail cache on), nothing appended; CPU share as above.
 """
@@ -194,7 +196,7 @@ def fan_out(readers: str = "1000") -> dict[str, float]:
         remove_dir(directory)
 
 
-def idle_pchannels(count: str = "1000") -> dict[str, float]:
+def idle_pchannels(count: str = "1000", appended: str = "0") -> dict[str, float]:
     n = int(count)
     directory = scratch_dir("idle-pchannels")
     url = f"file://{directory}"
@@ -203,6 +205,10 @@ def idle_pchannels(count: str = "1000") -> dict[str, float]:
         async def run() -> dict[str, float]:
             before = _status()
             wals = [await walsvc.open_wal(url, f"p{i}") for i in range(n)]
+            if appended == "1":
+                await asyncio.gather(
+                    *(wal.append(Message(payload=PAYLOAD, vchannel="v0")) for wal in wals)
+                )
             await asyncio.sleep(1.0)
             cpu, wall = _cpu(), time.perf_counter()
             await asyncio.sleep(IDLE_SECONDS)

@@ -4,8 +4,11 @@ only its tailing scanners and tick listeners see.
 
 Ticks themselves are assigned at the WAL's serialization point, not here: that is what
 makes log order equal tick order. This interceptor only decides when a TimeTick is worth
-writing. One timer per event loop and interval drives every WAL's sync, so idle
-pchannels cost one callback per interval in total, not a task each.
+writing. One timer per event loop and interval drives the sync of every WAL that has
+something to do; a WAL with nothing appended since its last TimeTick and nobody waiting
+for idle ticks is quiet: the timer leaves it alone until the WAL wakes it
+(``InterceptorContext.wake_on_activity``: an append, a tick listener, a scanner waiting
+for ticks), and stops when every WAL is quiet. Idle pchannels cost nothing per interval.
 """
 
 from __future__ import annotations
@@ -33,7 +36,15 @@ class TimetickSync:
     every message with a tick <= T is durable and that no later message has a tick <= T.
     """
 
-    __slots__ = ("_context", "_interval", "_persisted_tick", "_persisting", "_stopped")
+    __slots__ = (
+        "_context",
+        "_interval",
+        "_loop",
+        "_persisted_tick",
+        "_persisting",
+        "_quiet",
+        "_stopped",
+    )
 
     def __init__(self, interval: float | None = DEFAULT_SYNC_INTERVAL) -> None:
         if interval is not None and (
@@ -45,8 +56,10 @@ class TimetickSync:
             raise ValueError(f"interval must be None or seconds > 0, not {interval!r}")
         self._interval = interval
         self._context: InterceptorContext | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._persisted_tick = 0
         self._persisting: asyncio.Task[None] | None = None
+        self._quiet = False  # the timer leaves this WAL alone until it wakes us
         self._stopped = False
 
     @property
@@ -63,8 +76,9 @@ class TimetickSync:
         self._context = context
         result = await context.append_system(_TIME_TICK)
         self._persisted_tick = result.timetick
-        if self._interval is not None:
-            _ticker(asyncio.get_running_loop(), self._interval).members.add(self)
+        if self._interval is not None and not self._stopped:
+            self._loop = asyncio.get_running_loop()
+            _ticker(self._loop, self._interval).add(self)  # its first visit decides
 
     async def sync_once(self) -> int | None:
         """Sync now: persist a TimeTick if anything was appended since the last one, else
@@ -76,18 +90,39 @@ class TimetickSync:
             return context.publish_idle_tick()
         return None
 
-    def _on_timer(self) -> None:
-        """The shared timer's callback: what ``sync_once`` does, without waiting."""
+    def _on_timer(self) -> bool:
+        """The shared timer's visit: what ``sync_once`` does, without waiting. False if
+        the WAL is quiet (or gone): the timer leaves it alone until ``_wake``."""
         context = self._context
-        if context is None or self._persisting is not None:
-            return
+        if context is None or self._stopped:
+            return False
+        if self._persisting is not None:
+            return True
         if context.closed:
             self._leave()
-            return
+            return False
         if context.data_tick() > self._persisted_tick:
             self._persisting = asyncio.ensure_future(self._persist_in_background(context))
         elif context.has_tick_listeners():
             context.publish_idle_tick()
+        else:
+            self._quiet = True
+            context.wake_on_activity(self._wake)
+            return False
+        return True
+
+    def _wake(self) -> None:
+        """The WAL's wake-up (something appended, or someone wants idle ticks): back to
+        the timer, whose next visit (within one interval) looks."""
+        if not self._quiet:
+            return
+        self._quiet = False
+        context, loop, interval = self._context, self._loop, self._interval
+        assert context is not None
+        context.wake_on_activity(None)
+        if self._stopped or loop is None or interval is None or loop.is_closed():
+            return
+        _ticker(loop, interval).add(self)
 
     async def _persist(self, context: InterceptorContext) -> int:
         result = await context.append_system(_TIME_TICK)
@@ -110,9 +145,15 @@ class TimetickSync:
         return self._context
 
     def _leave(self) -> None:
-        if self._interval is not None and not self._stopped:
-            self._stopped = True
-            ticker = _tickers.get((asyncio.get_running_loop(), self._interval))
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._quiet:
+            self._quiet = False
+            assert self._context is not None
+            self._context.wake_on_activity(None)
+        if self._loop is not None and self._interval is not None:
+            ticker = _tickers.get((self._loop, self._interval))
             if ticker is not None:
                 ticker.members.discard(self)
 
@@ -120,6 +161,8 @@ class TimetickSync:
         """Stop syncing and wait for a TimeTick being written."""
         if self._context is not None:
             self._leave()
+        else:
+            self._stopped = True  # closed before ready got to the timer
         persisting = self._persisting
         if persisting is not None:
             await asyncio.gather(persisting, return_exceptions=True)
@@ -127,23 +170,39 @@ class TimetickSync:
 
 @final
 class _Ticker:
-    """One repeating timer per (event loop, interval), calling every member's sync."""
+    """One repeating timer per (event loop, interval), visiting its members: the syncs
+    that are not quiet. It stops when none is left (``_ticker`` then makes a new one)."""
 
-    __slots__ = ("handle", "interval", "key", "loop", "members")
+    __slots__ = ("handle", "interval", "loop", "members", "visits")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
         self.loop = loop
         self.interval = interval
         self.members: set[TimetickSync] = set()
-        self.handle = loop.call_later(interval, self.fire)
+        self.handle: asyncio.TimerHandle | None = None
+        #: Syncs visited (tests count them).
+        self.visits = 0
+
+    def add(self, member: TimetickSync) -> None:
+        """Visit ``member`` from the next interval on (starting the timer if stopped)."""
+        self.members.add(member)
+        if self.handle is None:
+            self.handle = self.loop.call_later(self.interval, self.fire)
 
     def fire(self) -> None:
-        for member in list(self.members):
-            member._on_timer()
-        if self.members and not self.loop.is_closed():
+        self.handle = None
+        members = list(self.members)
+        self.visits += len(members)
+        for member in members:
+            if not member._on_timer():
+                self.members.discard(member)
+        # A member woken meanwhile restarted the timer through add.
+        if not self.members or self.loop.is_closed():
+            self.members.clear()
+            if _tickers.get((self.loop, self.interval)) is self:
+                del _tickers[(self.loop, self.interval)]
+        elif self.handle is None:
             self.handle = self.loop.call_later(self.interval, self.fire)
-        else:
-            _tickers.pop((self.loop, self.interval), None)
 
 
 _tickers: dict[tuple[asyncio.AbstractEventLoop, float], _Ticker] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, final
 
 import msgspec
@@ -88,6 +88,7 @@ class TailCache:
         "idle_tick",
         "max_age",
         "max_bytes",
+        "on_activity",
         "resets",
     )
 
@@ -115,6 +116,9 @@ class TailCache:
         self.evicted = 0
         #: Times the cache lost its coverage (a failed append, or a restart after idling).
         self.resets = 0
+        #: Called while set when a scanner starts waiting for idle ticks (the timetick
+        #: sync's wake-up for an idle WAL: ``WALContext.wake_on_activity``).
+        self.on_activity: Callable[[], object] | None = None
 
     # -- the writer's side ------------------------------------------------------------
 
@@ -341,6 +345,8 @@ class TailCache:
         """A future resolved at the next put, idle tick, reset, truncation or close."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
+        if self.on_activity is not None:
+            self.on_activity()
         return waiter
 
     def forget_waiter(self, waiter: asyncio.Future[None]) -> None:

@@ -251,13 +251,14 @@ def _thread_name(task: Path) -> str:
         return ""
 
 
-def _writer_threads() -> int:
-    """The commit threads (named in C) and worker threads of the file WALs alive."""
+def _writer_threads() -> tuple[int, int]:
+    """The commit threads (named in C) and the worker threads (shared by the file WALs of
+    the process)."""
     commit = sum(
         _thread_name(task) == "walsvc-commit" for task in Path("/proc/self/task").iterdir()
     )
     workers = sum(t.name.startswith("walsvc-file-writer") for t in threading.enumerate())
-    return commit + workers
+    return commit, workers
 
 
 async def test_closing_releases_the_thread_and_the_eventfd(
@@ -267,13 +268,15 @@ async def test_closing_releases_the_thread_and_the_eventfd(
         async with await open_bare(path) as wal:
             await asyncio.gather(*(wal.append(message(i)) for i in range(50)))
             await asyncio.gather(*(wal.append(message(i)) for i in range(50)))
-            assert _writer_threads() == (2 if commit_path == "thread" else 1)
+            assert _writer_threads()[0] == (1 if commit_path == "thread" else 0)
 
     await a_round(tmp_path / "warm-up")  # the loop's default executor starts its thread
     fds = _open_fds()
+    workers = _writer_threads()[1]
+    assert 1 <= workers <= writer_module.WORKER_THREADS
     for round_ in range(3):
         await a_round(tmp_path / str(round_))
-    assert _writer_threads() == 0
+    assert _writer_threads() == (0, workers)  # the workers are shared: never more
     assert _open_fds() <= fds  # never more: an eventfd or a segment left open per round
 
 

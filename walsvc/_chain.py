@@ -214,6 +214,13 @@ class InterceptorContext(Protocol):
         """True if a tick listener or a tailing scanner wants idle ticks."""
         ...
 
+    def wake_on_activity(self, wake: Callable[[], object] | None) -> None:
+        """Call ``wake()`` when a message is about to be serialized, a tick listener is
+        added or a scanner starts waiting at the tail: whenever ``data_tick`` or
+        ``has_tick_listeners`` may have changed. Until replaced (None: never); it may be
+        called more than once. The timetick sync leaves a quiet WAL alone until then."""
+        ...
+
     def read(self, deliver: DeliverPolicy = ..., filters: Iterable[Filter] = ()) -> AsyncScanner:
         """A scanner over the log, as ``WAL.read`` gives (it never ends by itself: stop at
         an id from ``latest_message_id``)."""

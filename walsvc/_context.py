@@ -7,7 +7,7 @@ the WAL keeps private from everybody else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final, final
 
 from ._chain import InterceptorContext, TickListener
@@ -105,8 +105,12 @@ class WALContext(InterceptorContext):
             listener(tick)
 
     def add_tick_listener(self, listener: TickListener) -> None:
-        if listener not in self._wal._tick_listeners:
-            self._wal._tick_listeners.append(listener)
+        wal = self._wal
+        if listener not in wal._tick_listeners:
+            wal._tick_listeners.append(listener)
+            wake = wal._point.on_activity
+            if wake is not None:
+                wake()
 
     def remove_tick_listener(self, listener: TickListener) -> None:
         try:
@@ -117,6 +121,14 @@ class WALContext(InterceptorContext):
     def has_tick_listeners(self) -> bool:
         wal = self._wal
         return bool(wal._tick_listeners) or (wal._cache is not None and wal._cache.has_waiters())
+
+    def wake_on_activity(self, wake: Callable[[], object] | None) -> None:
+        # Messages wake it at the serialization point, scanners waiting for idle ticks
+        # in the tail cache, listeners in add_tick_listener (which asks the point's).
+        wal = self._wal
+        wal._point.on_activity = wake
+        if wal._cache is not None:
+            wal._cache.on_activity = wake
 
     def read(
         self, deliver: DeliverPolicy = _FROM_THE_START, filters: Iterable[Filter] = ()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, final
 
 from scanners._tail_cache import TailCache
@@ -64,6 +64,7 @@ class SerializationPoint:
         "last_acked",
         "last_acked_tick",
         "last_tick",
+        "on_activity",
         "pins",
     )
 
@@ -90,6 +91,9 @@ class SerializationPoint:
         #: The newest tick allocated (idle ticks included), and the newest data tick.
         self.last_tick = 0
         self.data_tick = 0
+        #: Called before each message is encoded while set (the timetick sync's wake-up
+        #: for an idle WAL: ``WALContext.wake_on_activity``).
+        self.on_activity: Callable[[], object] | None = None
         self._confirmed: MessageId | None = None
         self._confirmed_tick = 0
         self._ext_id: MessageId | None = None  # the last-confirmed id _ext encodes
@@ -102,6 +106,8 @@ class SerializationPoint:
         return next(iter(pins.values())) if pins else self.last_acked
 
     def encode(self, message: Message) -> tuple[bytes, int, MessageId | None]:
+        if self.on_activity is not None:
+            self.on_activity()
         payload = message.payload
         if len(payload) > self._max_payload:
             raise MessageTooLarge(
@@ -206,6 +212,8 @@ class SerializationPoint:
         Consecutive ticks from one allocator call, one last-confirmed id and ext section
         and one call of the (compiled) batch encoder when no message has properties, a
         key or a txn; else message by message."""
+        if self.on_activity is not None:
+            self.on_activity()
         allocate_many = getattr(self._allocator, "allocate_many", None)
         batch = messages if type(messages) is list else list(messages)
         if allocate_many is None or not are_plain(batch, self._max_payload):

@@ -9,15 +9,19 @@
  * variable, does its system calls and signals an eventfd the event loop watches; no
  * Python runs on it, so nothing waits for the GIL.
  *
- * Committer(head_fd, term, notify_fd)
+ * Committer(head_fd, term, notify_fd, idle_timeout=1.0)
  *
- * starts the thread. `head_fd` is the pchannel's head file (the writers' lock), `term` the
- * writer's term, `notify_fd` an eventfd the thread adds 1 to when a batch is done.
+ * `head_fd` is the pchannel's head file (the writers' lock), `term` the writer's term,
+ * `notify_fd` an eventfd the thread adds 1 to when a batch is done. The thread starts
+ * with the first batch and exits once it has waited `idle_timeout` seconds for another
+ * (an idle pchannel costs no thread); the next batch starts a new one.
  *
  * commit(data_fd, data, offset, sync, durable_end, last_timetick, segment)
  *
- * hands one batch to the thread (ValueError while another is in flight or its outcome
- * not collected). Under flock(head_fd, LOCK_EX) the thread reads the head file and checks
+ * hands one batch to the thread, starting the thread if there is none (ValueError while
+ * another batch is in flight or its outcome not collected; OSError, with nothing handed
+ * over, if no thread can be started). Under flock(head_fd, LOCK_EX) the thread reads the
+ * head file and checks
  * its length, magic, version and CRC-32C; if its term is not the writer's it writes
  * nothing (fenced); else it pwrites `data` at `offset` of `data_fd`, fdatasyncs that file
  * if `sync`, and overwrites the head with (term, durable_end, the head's first record,
@@ -33,10 +37,11 @@
  * close()
  *
  * waits for the batch in flight, then stops and joins the thread. In a child forked
- * after the thread started there is no thread: commit raises RuntimeError there, and
- * close only marks the committer closed.
+ * after the committer was made there is no thread: commit raises RuntimeError there,
+ * and close only marks the committer closed.
  *
- * syncs: the fdatasync calls the thread made.
+ * syncs: the fdatasync calls the thread made. running: True while a thread serves the
+ * committer (False once it exited idle). threads_started: the threads it has started.
  *
  * The head file is 60 bytes, little-endian: "<4sHHQQQQQQ" (magic "WALH", version 2,
  * reserved, term, durable end, first seq, last timetick, the segment and the byte offset
@@ -52,6 +57,7 @@
 #include <string.h>
 #include <structmember.h>
 #include <sys/file.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HEAD_BODY 56
@@ -129,13 +135,17 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    pid_t pid; /* the process that started the thread: a forked child has no thread */
+    pid_t pid; /* the process that made the committer: a forked child has no thread */
     int head_fd, notify_fd;
     uint64_t term;
+    int64_t idle_ns; /* the thread exits after waiting this long for a job */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int started, stopping;
+    int started, stopping; /* made (and not closed); closing */
+    int running;           /* a thread serves jobs (set by commit, cleared by the thread) */
+    int joinable;          /* `thread` was started and not joined yet (it may have exited) */
+    unsigned long long threads_started;
     int pending;   /* a job is waiting for the thread or being done */
     int done;      /* its outcome is ready and not collected */
     Job job;
@@ -223,22 +233,36 @@ unlock:
     return status;
 }
 
+/* Wait on c->cv (c->mu held) until a job comes, the committer closes or idle_ns passed;
+ * 0 on timeout (nothing came). */
+static int
+wait_for_job(Committer *c)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    int64_t ns = deadline.tv_nsec + c->idle_ns % 1000000000;
+    deadline.tv_sec += (time_t)(c->idle_ns / 1000000000 + ns / 1000000000);
+    deadline.tv_nsec = (long)(ns % 1000000000);
+    while (!c->pending && !c->stopping) {
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &deadline) == ETIMEDOUT) {
+            return c->pending || c->stopping;
+        }
+    }
+    return 1;
+}
+
 static void *
 run(void *arg)
 {
     Committer *c = arg;
-    /* Signals go to the other threads (Python handles them on the main thread). */
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
     pthread_setname_np(pthread_self(), "walsvc-commit"); /* in ps, top and /proc */
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->pending && !c->stopping) {
-            pthread_cond_wait(&c->cv, &c->mu);
-        }
-        if (!c->pending) {
-            break; /* stopping, nothing left to do */
+        if (!wait_for_job(c) || !c->pending) {
+            /* Idle for idle_ns, or closing with nothing left to do. Under the lock: a
+             * commit that comes after this sees running == 0 and starts a new thread. */
+            c->running = 0;
+            break;
         }
         Job job = c->job;
         pthread_mutex_unlock(&c->mu);
@@ -260,28 +284,55 @@ run(void *arg)
 static int
 Committer_init(Committer *self, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"head_fd", "term", "notify_fd", NULL};
+    static char *names[] = {"head_fd", "term", "notify_fd", "idle_timeout", NULL};
     unsigned long long term;
+    double idle_timeout = 1.0;
     if (self->started) {
         PyErr_SetString(PyExc_RuntimeError, "Committer is already running");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iKi", names, &self->head_fd, &term,
-                                     &self->notify_fd)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iKi|d", names, &self->head_fd, &term,
+                                     &self->notify_fd, &idle_timeout)) {
+        return -1;
+    }
+    if (!(idle_timeout > 0 && idle_timeout <= 86400)) {
+        PyErr_SetString(PyExc_ValueError, "idle_timeout must be seconds > 0 (at most a day)");
         return -1;
     }
     self->term = term;
+    self->idle_ns = (int64_t)(idle_timeout * 1e9);
     self->pid = getpid();
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC); /* idle waits ignore clock steps */
     pthread_mutex_init(&self->mu, NULL);
-    pthread_cond_init(&self->cv, NULL);
-    int err = pthread_create(&self->thread, NULL, run, self);
-    if (err != 0) {
-        errno = err;
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
+    pthread_cond_init(&self->cv, &attr);
+    pthread_condattr_destroy(&attr);
     self->started = 1;
     return 0;
+}
+
+/* Start a thread for the job just queued (the thread before it, if any, has exited or is
+ * exiting: join it first). 0, or an errno. */
+static int
+start_thread(Committer *self)
+{
+    if (self->joinable) {
+        pthread_join(self->thread, NULL); /* it left the lock for good: at most a moment */
+        self->joinable = 0;
+    }
+    /* Signals go to the other threads (Python handles them on the main thread): the new
+     * thread starts with all of them blocked. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int err = pthread_create(&self->thread, NULL, run, self);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err == 0) {
+        self->joinable = 1;
+        self->threads_started++;
+    }
+    return err;
 }
 
 /* 0 if the committer takes calls here; -1 with an exception set if it is closed, or if
@@ -337,8 +388,23 @@ Committer_commit(Committer *self, PyObject *args)
     };
     self->data = Py_NewRef(data);
     self->pending = 1;
-    pthread_cond_signal(&self->cv);
+    if (self->running) {
+        pthread_cond_signal(&self->cv);
+        pthread_mutex_unlock(&self->mu);
+        Py_RETURN_NONE;
+    }
+    self->running = 1;
     pthread_mutex_unlock(&self->mu);
+    int err = start_thread(self);
+    if (err != 0) {
+        pthread_mutex_lock(&self->mu);
+        self->running = 0;
+        self->pending = 0;
+        pthread_mutex_unlock(&self->mu);
+        Py_CLEAR(self->data);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
     Py_RETURN_NONE;
 }
 
@@ -380,9 +446,12 @@ stop(Committer *self)
     self->stopping = 1;
     pthread_cond_signal(&self->cv);
     pthread_mutex_unlock(&self->mu);
-    Py_BEGIN_ALLOW_THREADS
-    pthread_join(self->thread, NULL);
-    Py_END_ALLOW_THREADS
+    if (self->joinable) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(self->thread, NULL);
+        Py_END_ALLOW_THREADS
+        self->joinable = 0;
+    }
     self->started = 0;
     pthread_mutex_destroy(&self->mu);
     pthread_cond_destroy(&self->cv);
@@ -417,7 +486,27 @@ static PyMethodDef Committer_methods[] = {
 static PyMemberDef Committer_members[] = {
     {"syncs", T_ULONGLONG, offsetof(Committer, syncs), READONLY,
      "fdatasync calls the thread made (up to date once a batch's outcome is collected)."},
+    {"threads_started", T_ULONGLONG, offsetof(Committer, threads_started), READONLY,
+     "The threads the committer has started (one more after each idle exit)."},
     {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *
+Committer_running(Committer *self, void *Py_UNUSED(closure))
+{
+    int running = 0;
+    if (self->started && getpid() == self->pid) {
+        pthread_mutex_lock(&self->mu);
+        running = self->running;
+        pthread_mutex_unlock(&self->mu);
+    }
+    return PyBool_FromLong(running);
+}
+
+static PyGetSetDef Committer_getset[] = {
+    {"running", (getter)Committer_running, NULL,
+     "True while a thread serves the committer (False once it exited idle).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject CommitterType = {
@@ -430,6 +519,7 @@ static PyTypeObject CommitterType = {
     .tp_dealloc = (destructor)Committer_dealloc,
     .tp_methods = Committer_methods,
     .tp_members = Committer_members,
+    .tp_getset = Committer_getset,
 };
 
 static PyObject *

@@ -19,6 +19,12 @@ same steps on a thread that never takes the GIL, which signals an eventfd the ev
 watches (see ``_ccommit.c`` for why). The others, and every batch when walsvc was built
 without a C compiler, go to a Python worker thread (``_write``). Either way one batch is
 in flight at a time, and a truncation waits its turn between batches.
+
+Idle pchannels cost no thread: the commit thread exits once it has waited
+``COMMIT_THREAD_IDLE`` seconds for a batch (the next batch starts another), and the
+worker threads are a pool every writer of the process shares (at most
+``WORKER_THREADS``; they take only the batches that roll a segment or extend the runway
+when the commit thread is there).
 """
 
 from __future__ import annotations
@@ -54,16 +60,35 @@ except ImportError:  # built without a C compiler: every batch takes the worker 
 if not hasattr(os, "eventfd"):  # not Linux: the loop cannot watch the thread's signal
     _ccommit = None  # type: ignore[assignment]
 
-__all__ = ("RUNWAY", "GroupCommitWriter")
+__all__ = ("COMMIT_THREAD_IDLE", "RUNWAY", "WORKER_THREADS", "GroupCommitWriter")
+
+#: Seconds a commit thread waits for the next batch before it exits (read when a writer
+#: starts its committer; tests make it short).
+COMMIT_THREAD_IDLE = 1.0
+#: The worker threads the writers of a process share, at most.
+WORKER_THREADS: Final = 8
 
 #: The writers alive in this process: a child forked from it must not use them.
 _writers: Final[weakref.WeakSet[GroupCommitWriter]] = weakref.WeakSet()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _worker_pool() -> ThreadPoolExecutor:
+    """The worker threads of this process's writers (made when first needed). Each
+    writer has one batch or truncation in a thread at a time, so sharing keeps every
+    writer's order."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="walsvc-file-writer")
+    return _pool
 
 
 def _refuse_inherited_writers() -> None:
     """In a forked child: the writers' threads stayed in the parent, so every writer it
     inherited fails its appends at once instead of waiting for a thread that is not
-    there."""
+    there, and the writers it opens itself get a worker pool of its own."""
+    global _pool
+    _pool = None  # its threads stayed in the parent
     parent = os.getppid()
     for writer in list(_writers):
         writer._failure = WALClosed(
@@ -97,7 +122,6 @@ class GroupCommitWriter:
         "_committer",
         "_committing",
         "_directory",
-        "_executor",
         "_failure",
         "_fd",
         "_held",
@@ -130,7 +154,6 @@ class GroupCommitWriter:
         self._next_seq = tail.next_seq
         self._sync = sync
         self._segment_size = segment_size
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="walsvc-file-writer")
         self._records: list[bytes] = []
         self._calls: list[_Call] = []
         self._in_flight = False  # a batch (or a truncation) is in a thread
@@ -140,8 +163,8 @@ class GroupCommitWriter:
         self._held = 0  # truncations waiting for their turn: start no batch meanwhile
         self._failure: WALError | None = None
         self._closed = False
-        # The GIL-free commit thread, started with the first batch it can take (if it
-        # cannot start, every batch takes the worker thread).
+        # The GIL-free committer, made with the first batch it can take; its thread runs
+        # while batches come (if no thread can be started, every batch takes a worker).
         self._use_committer = _ccommit is not None
         self._committer: _ccommit.Committer | None = None
         self._notify_fd = -1
@@ -198,13 +221,23 @@ class GroupCommitWriter:
             last_timetick = timetick_of(records[-1])
             committer = self._committer_for(len(data))
             if committer is not None:
-                committer.commit(
-                    self._fd, data, offset, self._sync, first + len(records), last_timetick, segment
-                )
-                self._committing = (calls, first, len(records), offset, segment, len(data))
-                self._in_flight = True
-                return
-            written = self._executor.submit(self._write, data, first, len(records), last_timetick)
+                try:
+                    committer.commit(
+                        self._fd,
+                        data,
+                        offset,
+                        self._sync,
+                        first + len(records),
+                        last_timetick,
+                        segment,
+                    )
+                except OSError:  # no thread for it: the workers take every batch from now on
+                    self._use_committer = False
+                else:
+                    self._committing = (calls, first, len(records), offset, segment, len(data))
+                    self._in_flight = True
+                    return
+            written = _worker_pool().submit(self._write, data, first, len(records), last_timetick)
         except BaseException as exc:  # a bug: never leave callers waiting
             self._failure = AppendOutcomeUnknown(f"the writer stopped: {exc!r}")
             _fail(calls, self._failure)
@@ -233,8 +266,8 @@ class GroupCommitWriter:
         )
 
     def _start_committer(self) -> _ccommit.Committer | None:
-        """Start the commit thread and watch its eventfd; None (and the worker thread
-        from then on) if the system refuses a descriptor or a thread."""
+        """Make the committer and watch its eventfd; None (and the worker threads from
+        then on) if the system refuses a descriptor."""
         loop = self._loop
         assert loop is not None
         try:
@@ -243,7 +276,9 @@ class GroupCommitWriter:
             self._use_committer = False
             return None
         try:
-            committer = _ccommit.Committer(self._directory.head.fd, self._term, notify_fd)
+            committer = _ccommit.Committer(
+                self._directory.head.fd, self._term, notify_fd, COMMIT_THREAD_IDLE
+            )
             loop.add_reader(notify_fd, self._committed)
         except OSError:
             os.close(notify_fd)
@@ -418,7 +453,7 @@ class GroupCommitWriter:
             self._in_flight = True
             try:
                 loop = asyncio.get_running_loop()
-                doomed = await loop.run_in_executor(self._executor, self._truncate, seq)
+                doomed = await loop.run_in_executor(_worker_pool(), self._truncate, seq)
             finally:
                 self._in_flight = False
                 self._signal_idle()
@@ -450,7 +485,7 @@ class GroupCommitWriter:
             head.unlock()
 
     async def aclose(self) -> None:
-        """Finish every queued append, then release the segment and the thread."""
+        """Finish every queued append, then release the segment and the commit thread."""
         self._closed = True
         if self._pid != os.getpid():  # a forked child: the loop and threads are the parent's
             if self._committer is not None:
@@ -465,7 +500,6 @@ class GroupCommitWriter:
                 await asyncio.sleep(0)  # a truncation is about to take its turn
             else:
                 self._start()
-        self._executor.shutdown(wait=True)
         if self._committer is not None:
             assert self._loop is not None
             self._loop.remove_reader(self._notify_fd)
