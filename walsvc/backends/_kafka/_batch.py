@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from ..._errors import BackendUnavailable
+from .._identity import WRITER, this_writer
 from ._ids import KafkaMessageId
 from ._options import KafkaOptions
 from ._records import BARRIER, Mark, data_headers, mark_record, split_envelope
@@ -111,9 +112,11 @@ async def send(producer: Any, builder: Any, topic: str, seconds: float) -> Lande
 
 
 async def append_barrier(producer: Any, topic: str, options: KafkaOptions) -> int:
-    """Append a barrier record and return its offset: the new writer's term - 1."""
+    """Append a barrier record and return its offset: the new writer's term - 1. It
+    names this process (``_identity``) for the error of the writer it fences."""
     builder = BatchBuilder(16384, 0)
-    builder.append(timestamp=None, key=None, value=b"", headers=[(BARRIER, b"")])
+    headers = [(BARRIER, b""), (WRITER, this_writer().encode())]
+    builder.append(timestamp=None, key=None, value=b"", headers=headers)
     try:
         return (await send(producer, builder, topic, options.request_timeout)).offset
     except (TimeoutError, KafkaError) as exc:

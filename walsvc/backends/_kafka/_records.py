@@ -6,6 +6,8 @@ expected the record to land at (8 bytes, big-endian). A record is *valid* iff it
 where its writer expected: the offset chain (see ``_writer``). Other record kinds:
 
 - barrier (``walsvc.barrier``): a read-write open; its offset + 1 is the writer's term.
+  Header ``walsvc.writer`` names its writer's pid and host (``_identity``; best effort,
+  only for the error of the writer it fences; older barriers lack it).
 - filler (``walsvc.skip``): occupies the offset of a batch whose outcome was unknown, so
   that batch can never become valid later.
 - mark (``walsvc.mark`` + ``walsvc.o``): the writer's newest id and timetick, appended

@@ -6,8 +6,9 @@ batch, or after the writer's barrier); a record that landed elsewhere is invalid
 reader delivers it. When a batch lands elsewhere than expected, the gap is read: a copy
 of the batch itself at the expected offset (a resend by the client) acknowledges it
 there; a barrier in it (a newer writer: it lies after this writer's own barrier) fences
-this writer for good (``WALFenced``); otherwise the batch is sent again after the true
-end (at most ``_RESENDS`` times, then the retriable ``BackendUnavailable``).
+this writer for good (``WALFenced``, naming the barrier's writer if the barrier says who:
+``_identity``); otherwise the batch is sent again after the true end (at most
+``_RESENDS`` times, then the retriable ``BackendUnavailable``).
 
 A batch whose send failed without an answer (timeout, lost connection) is settled by a
 *resync*: a filler record is appended and the log read from the expected offset to the
@@ -50,6 +51,7 @@ from ..._errors import (
     WALFenced,
     WALTruncated,
 )
+from .._identity import WRITER, named_writer
 from ._batch import Landed, Pending, build, holds, send
 from ._client import stop_quietly
 from ._ids import KafkaMessageId
@@ -376,13 +378,20 @@ class OffsetChainWriter:
     def _check_barriers(self, records: Sequence[Any]) -> None:
         for record in records:
             if record.offset > self.barrier and any(k == BARRIER for k, _ in record.headers):
-                self.broken = WALFenced(
-                    f"kafka WAL {self.topic}: the writer with barrier {self.barrier} (term"
-                    f" {self.barrier + 1}) was fenced by a newer writer (barrier at offset"
-                    f" {record.offset}, term {record.offset + 1})"
-                )
+                self.broken = self._fenced(record.offset, record.headers)
                 self._fail_all(self.broken)
                 raise _Broken
+
+    def _fenced(self, offset: int, headers: Sequence[tuple[str, bytes | None]]) -> WALFenced:
+        """The error of this writer, fenced by the barrier at ``offset``: naming the
+        barrier's writer if the barrier says who that is (best effort, see ``_identity``)."""
+        who = named_writer(next((value for key, value in headers if key == WRITER), None))
+        by = "" if who is None else f"{who}; "
+        return WALFenced(
+            f"kafka WAL {self.topic}: term {self.barrier + 1} was fenced by a writer with"
+            f" term {offset + 1} ({by}its barrier at offset {offset}): another read-write"
+            " open of this pchannel; readers open with read_only=True, which fences nothing"
+        )
 
     # -- settling futures -------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOn
 from ..._filter import Filter
 from ..._ids import MessageId
 from .._base import Backend, BackendScanner
+from .._identity import WRITER, this_writer
 from ._client import PULSAR_ERRORS, Options, call_async, connect, parse_options, translate
 from ._ids import PulsarMessageId
 from ._log import STOP_WITHIN, TailTracker, close_quietly
@@ -271,6 +272,7 @@ async def _send_barrier(producer: pulsar_asyncio.Producer) -> PulsarMessageId:
     builder = _pulsar.MessageBuilder()
     builder.content(b"")
     builder.property(BARRIER, "1")
+    builder.property(WRITER, this_writer())  # for the error of the writer it fences
     inner = producer._producer
     try:
         future = call_async(lambda done: inner.send_async(builder.build(), done))

@@ -275,7 +275,7 @@ class TailTracker:
         #: messages' timeticks grow in log order, so it is at least the tip's.
         self.max_tick = 0
         #: The newest barrier read (the newest writer's, as far as this tracker read).
-        self.newest_barrier: PulsarMessageId | None = None
+        self.newest_barrier: Link | None = None
         #: Messages read by every refresh so far.
         self.messages_read = 0
 
@@ -339,7 +339,7 @@ class TailTracker:
         self.messages_read += len(links)
         for link in links:
             if link.barrier:
-                self.newest_barrier = link.id
+                self.newest_barrier = link
             else:
                 tick = link.timetick
                 if tick > self.max_tick:

@@ -11,7 +11,8 @@ every byte survives as one character). Two more properties chain it into the log
 
 A barrier (property ``walsvc.barrier``, no data) opens a writer's term; its position in
 the log *is* the term (see ``term_of_barrier``), so a later barrier always means a newer
-writer.
+writer. Its property ``walsvc.writer`` names the writer's pid and host (``_identity``;
+best effort, only for the error of the writer it fences; older barriers lack it).
 
 The chain rule (``ChainValidator``): a group is valid iff its first message directly
 follows the message named by ``walsvc.prev`` and all its members follow it contiguously;
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any, Final, NamedTuple, final
 
 from ..._errors import CorruptRecord
+from .._identity import WRITER
 from ._ids import PulsarMessageId
 
 __all__ = (
@@ -82,6 +84,8 @@ class Link(NamedTuple):
     members: int
     head: bytes
     data: bytes
+    #: For a barrier, its ``walsvc.writer`` property as stored ("" if it has none).
+    writer: str = ""
 
     @property
     def timetick(self) -> int:
@@ -97,7 +101,7 @@ def parse(message: Any, message_id: PulsarMessageId) -> Link:
     ``CorruptRecord`` if it is not a walsvc record."""
     properties: Mapping[str, str] = message.properties()
     if BARRIER in properties:
-        return Link(message_id, True, None, "", 0, 1, b"", b"")
+        return Link(message_id, True, None, "", 0, 1, b"", b"", properties.get(WRITER, ""))
     try:
         head = properties[HEAD].encode("latin-1")
         prev_text = properties[PREV]

@@ -19,7 +19,7 @@ from pulsar import _pulsar
 
 from ._client import PULSAR_ERRORS, GroupAcks, result_name, translate
 from ._ids import PulsarMessageId
-from ._records import data_properties, split_envelope
+from ._records import Link, data_properties, split_envelope
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
@@ -41,8 +41,12 @@ _log = logging.getLogger("walsvc.pulsar")
 
 
 class Fenced(Exception):
-    """A newer writer's barrier lies between this writer's messages, or the broker fenced
-    the producer."""
+    """A newer writer's barrier lies between this writer's messages (``barrier``, when it
+    was read), or the broker fenced the producer (``barrier`` None)."""
+
+    def __init__(self, barrier: Link | None = None) -> None:
+        super().__init__(barrier)
+        self.barrier = barrier
 
 
 class TooBig(Exception):

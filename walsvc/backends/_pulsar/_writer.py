@@ -10,6 +10,9 @@ in one ledger). When that fails it reads the log from its previous message:
 
 - a foreign barrier there (a newer writer: barriers' positions are their terms) ->
   this group and everything after raise ``WALFenced``; the writer never sends again;
+  the error names the barrier's writer when the barrier says who that is (``_identity``;
+  when the broker fenced the producer first, the barrier is looked up: best effort,
+  within ``_LOOK_UP`` seconds);
 - only foreign data (stragglers of older writers) -> the group is invalid for every
   reader; it is sent again after the true end (at most ``_RESENDS`` times, then the
   appends fail with the retriable ``BackendUnavailable``).
@@ -50,15 +53,17 @@ from typing import TYPE_CHECKING, Final, final
 from ..._errors import (
     AppendOutcomeUnknown,
     BackendUnavailable,
+    CorruptRecord,
     MessageTooLarge,
     WALClosed,
     WALError,
     WALFenced,
 )
+from .._identity import named_writer
 from ._client import PULSAR_ERRORS
 from ._ids import PulsarMessageId
 from ._log import ForwardRead, last_entry
-from ._records import ChainValidator, Link
+from ._records import ChainValidator, Link, term_of_barrier
 from ._sender import Fenced, TooBig, contiguous, send_group, send_seal
 
 if TYPE_CHECKING:
@@ -68,6 +73,8 @@ __all__ = ("GroupWriter",)
 
 _RESENDS: Final = 3
 _GROUP_RECORDS: Final = 8192
+#: Seconds a writer the broker fenced spends at most looking up who fenced it.
+_LOOK_UP: Final = 5.0
 
 
 @final
@@ -124,13 +131,13 @@ class GroupWriter:
             self._task = asyncio.get_running_loop().create_task(self._drain())
         return future
 
-    def check_not_fenced(self, newest_barrier: PulsarMessageId | None) -> None:
+    def check_not_fenced(self, newest_barrier: Link | None) -> None:
         """Raise ``WALFenced`` if this writer was fenced, or if ``newest_barrier`` (the
         newest barrier a reader of the log saw) is a newer writer's."""
         if self._error is not None:
             raise self._error
-        if newest_barrier is not None and newest_barrier > self.barrier:
-            self._error = self._fenced_error()
+        if newest_barrier is not None and newest_barrier.id > self.barrier:
+            self._error = self._fenced_error(newest_barrier)
             raise self._error
 
     def begin_close(self, seconds: float) -> None:
@@ -197,10 +204,8 @@ class GroupWriter:
         except TooBig as exc:
             self._refuse_too_big(group, exc.indexes)
             return
-        except Fenced:
-            self._error = self._fenced_error()
-            self._fail(group, self._error)
-            self._fail_queue(self._error)
+        except Fenced as exc:
+            await self._fence(group, exc.barrier)
             return
         except asyncio.CancelledError:
             self.end = None
@@ -213,7 +218,9 @@ class GroupWriter:
             raise
         except WALError as exc:
             if isinstance(exc, WALFenced):
-                self._error = exc
+                if exc is not self._error:  # the broker refused the sends: fenced
+                    await self._fence(group, None)
+                    return
             else:  # part of the group may have been sent: find the true end next time
                 self.end = None
             self._fail(group, exc)
@@ -255,10 +262,62 @@ class GroupWriter:
             first += len(records)
         self._queue = kept + self._queue
 
-    def _fenced_error(self) -> WALFenced:
+    def _fenced_error(self, barrier: Link | None) -> WALFenced:
+        """This writer's error; ``barrier`` is the newer writer's, if known: the error
+        gives its term, and its writer if it says who that is (best effort)."""
+        by = "a newer writer"
+        if barrier is not None:
+            try:
+                by = f"a writer with term {term_of_barrier(barrier.id)}"
+            except CorruptRecord:
+                pass
+            who = named_writer(barrier.writer)
+            if who is not None:
+                by = f"{by} ({who})"
         return WALFenced(
-            f"pulsar WAL of {self._topic}: term {self._term} was fenced by a newer writer"
+            f"pulsar WAL of {self._topic}: term {self._term} was fenced by {by}: another"
+            " read-write open of this pchannel; readers open with read_only=True, which"
+            " fences nothing"
         )
+
+    async def _fence(
+        self,
+        group: list[tuple[list[bytes], asyncio.Future[list[PulsarMessageId]]]],
+        barrier: Link | None,
+    ) -> None:
+        """Fail ``group`` and everything queued, and every later append, with this
+        writer's ``WALFenced``. ``barrier`` is the newer writer's, if the writer read it;
+        when the broker fenced the producer instead, it is looked up first."""
+        try:
+            if barrier is None:
+                barrier = await self._barrier_after_mine()
+        finally:  # cancelled meanwhile: the callers still learn they were fenced
+            self._error = self._fenced_error(barrier)
+            self._fail(group, self._error)
+            self._fail_queue(self._error)
+
+    async def _barrier_after_mine(self) -> Link | None:
+        """The first barrier after this writer's own (its fencer's), read from the last
+        message this writer knows is in the log: for the error of a writer that the broker
+        fenced before it read any barrier. Best effort: None if it is not found within
+        ``_LOOK_UP`` seconds, or the log cannot be read."""
+        found: Link | None = None
+
+        def consume(links: list[Link]) -> bool:
+            nonlocal found
+            found = next((link for link in links if link.barrier and link.id > self.barrier), None)
+            return found is not None
+
+        try:
+            async with asyncio.timeout(min(self._timeout, _LOOK_UP)):
+                bound = await last_entry(self._client, self._topic, self._timeout)
+                if bound is not None:
+                    await self._reads.run(
+                        self._good, inclusive=False, through=bound, consume=consume
+                    )
+        except Exception:  # only the error's wording depends on it
+            return found
+        return found
 
     def _fail(
         self,
@@ -338,11 +397,12 @@ class GroupWriter:
         knows is there (when the writer lost track); ``Fenced`` if a newer writer's
         barrier is among what it read."""
         end = self._good
-        fenced = False
+        fencer: Link | None = None
 
         def consume(links: list[Link]) -> None:
-            nonlocal end, fenced
-            fenced = fenced or any(link.barrier and link.id > self.barrier for link in links)
+            nonlocal end, fencer
+            if fencer is None:
+                fencer = next((x for x in links if x.barrier and x.id > self.barrier), None)
             end = links[-1].id
 
         try:
@@ -354,8 +414,8 @@ class GroupWriter:
             raise BackendUnavailable(
                 f"reading the end of {self._topic} took longer than {self._timeout} s"
             ) from None
-        if fenced:
-            raise Fenced
+        if fencer is not None:
+            raise Fenced(fencer)
         return end
 
     async def _resolve(
@@ -395,17 +455,17 @@ class GroupWriter:
             raise BackendUnavailable(f"reading {self._topic} failed: {exc!r}") from exc
         validator = ChainValidator()
         mine: list[PulsarMessageId] = []
-        fenced = False
+        fencer: Link | None = None
         for link in links:
-            if link.barrier and link.id > self.barrier:
-                fenced = True
+            if fencer is None and link.barrier and link.id > self.barrier:
+                fencer = link
             mine += [valid.id for valid in validator.push(link) if valid.group == group]
         if links:
             self.end = links[-1].id
         if len(mine) == count:  # landed whole and valid: acknowledged, whatever follows
-            if fenced:  # ... but a newer writer's barrier follows it: never send again
-                self._error = self._fenced_error()
+            if fencer is not None:  # ... but a newer writer's barrier follows it: never send again
+                self._error = self._fenced_error(fencer)
             return mine
-        if fenced:
-            raise Fenced
+        if fencer is not None:
+            raise Fenced(fencer)
         return None
