@@ -83,6 +83,7 @@ class TailCache:
         "_readers",
         "_reserved",
         "_start",
+        "_tick_waiters",
         "_waiters",
         "evicted",
         "idle_tick",
@@ -108,7 +109,10 @@ class TailCache:
         self._head_tick = 0
         self._floor: MessageId | None = None
         self._floor_known = False
+        # Scanners waiting for the next entry (woken by puts, resets, truncation, close),
+        # and those of them that also want idle ticks (woken by those too).
         self._waiters: set[asyncio.Future[None]] = set()
+        self._tick_waiters: set[asyncio.Future[None]] = set()
         self._readers: dict[object, int] = {}
         #: The newest idle (not persisted) TimeTick of the writer.
         self.idle_tick: ImmutableMessage | None = None
@@ -152,7 +156,7 @@ class TailCache:
             if more is None:
                 break
             self._append(more)
-        if self._waiters:
+        if self._waiters or self._tick_waiters:
             self._wake()
 
     def lose(self, slot: int, count: int) -> None:
@@ -185,10 +189,15 @@ class TailCache:
             self._evict_older_than(messages[-1].timetick - self._max_age_ticks)
 
     def publish_idle_tick(self, tick: ImmutableMessage) -> None:
-        """Make ``tick`` the newest idle TimeTick and wake the waiting scanners."""
+        """Make ``tick`` the newest idle TimeTick and wake the scanners waiting for one
+        (``waiter(ticks=True)``); scanners waiting only for entries sleep on."""
         self.idle_tick = tick
-        if self._waiters:
-            self._wake()
+        waiters = self._tick_waiters
+        if waiters:
+            self._tick_waiters = set()
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def acked(self, count: int) -> None:
         """Appends reserved while inactive were acknowledged or failed."""
@@ -341,21 +350,39 @@ class TailCache:
             return self._floor
         return self._items[slot - 1 - self._start].message_id
 
-    def waiter(self) -> asyncio.Future[None]:
-        """A future resolved at the next put, idle tick, reset, truncation or close."""
+    def waiter(self, *, ticks: bool) -> asyncio.Future[None]:
+        """A future resolved at the next put, reset, truncation or close, and with
+        ``ticks`` at the next idle tick too (a scanner whose pipeline drops idle ticks
+        waits without them, so an idle writer does not wake it 100 times a second)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
-        if self.on_activity is not None:
-            self.on_activity()
+        if ticks:
+            self._tick_waiters.add(waiter)
+            if self.on_activity is not None:
+                self.on_activity()
+        else:
+            self._waiters.add(waiter)
         return waiter
+
+    def want_ticks(self, waiter: asyncio.Future[None]) -> None:
+        """Make a waiting ``waiter(ticks=False)`` one that idle ticks wake too."""
+        if waiter in self._waiters:
+            self._waiters.discard(waiter)
+            self._tick_waiters.add(waiter)
+            if self.on_activity is not None:
+                self.on_activity()
 
     def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
         """Drop a waiter that is no longer awaited."""
         self._waiters.discard(waiter)
+        self._tick_waiters.discard(waiter)
 
     def has_waiters(self) -> bool:
         """True if a scanner waits for the next message."""
-        return bool(self._waiters)
+        return bool(self._waiters) or bool(self._tick_waiters)
+
+    def has_tick_waiters(self) -> bool:
+        """True if a scanner waits and would take an idle tick now."""
+        return bool(self._tick_waiters)
 
     def wake(self) -> None:
         """Resolve every waiter (the WAL closed, or a scanner must re-check its state)."""
@@ -363,7 +390,8 @@ class TailCache:
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
+        ticks, self._tick_waiters = self._tick_waiters, set()
+        for waiter in (*waiters, *ticks):
             if not waiter.done():
                 waiter.set_result(None)
 

@@ -120,7 +120,10 @@ class WALContext(InterceptorContext):
 
     def has_tick_listeners(self) -> bool:
         wal = self._wal
-        return bool(wal._tick_listeners) or (wal._cache is not None and wal._cache.has_waiters())
+        # A scanner waiting only for data (its pipeline drops idle ticks) is not a
+        # listener: an idle tick would wake it for nothing.
+        cache = wal._cache
+        return bool(wal._tick_listeners) or (cache is not None and cache.has_tick_waiters())
 
     def wake_on_activity(self, wake: Callable[[], object] | None) -> None:
         # Messages wake it at the serialization point, scanners waiting for idle ticks

@@ -10,6 +10,14 @@ The read pipeline, per scanner:
 
 A ``raw`` scanner skips the reorder and transaction stages and delivers the log as
 stored (what interceptors and tools read).
+
+Which scanners want the writer's idle TimeTicks (never written; published every 10 ms
+while the writer is idle): those that deliver ticks (``raw``, ``timeticks=True``),
+those whose reorder buffer releases at ticks (``ordered=False``), and a subscription
+whose checkpoint an idle tick would move: every delivery is acknowledged and a TimeTick
+the pipeline dropped lies above every checkpoint noted (an idle tick's checkpoint names
+the newest message's tick). Every other scanner waits for data only
+(``LogSource.want_idle_ticks``), so idle writers do not wake it.
 """
 
 from __future__ import annotations
@@ -93,15 +101,18 @@ class Scanner:
         "_checkpoints",
         "_deliver",
         "_delivered",
+        "_dropped_tick",
         "_floor",
         "_index",
         "_last_out",
+        "_noted_tick",
         "_on_close",
         "_open_source",
         "_reorder",
         "_source",
         "_source_filter",
         "_subscription",
+        "_tick_stages",
         "_timeticks",
         "_txns",
         "_user_closed",
@@ -134,6 +145,13 @@ class Scanner:
         # checkpoint on (a filtered subscription on a quiet vchannel still advances).
         self._last_out: ImmutableMessage | None = None
         self._acked_last = True
+        # The greatest tick of a TimeTick left out, and of a checkpoint noted: an idle
+        # tick moves the checkpoint only while the first is greater.
+        self._dropped_tick = -1
+        self._noted_tick = -1
+        # Stages that need idle ticks whatever the state: delivery, a reorder buffer
+        # that releases at ticks.
+        self._tick_stages = raw or timeticks or not ordered
         self._reorder = None if raw else ReorderBuffer(ordered=ordered)
         self._txns = None if raw else TxnBuffer(max_bytes=txn_buffer_bytes)
         if raw or selected.min_timetick <= 0:
@@ -151,8 +169,18 @@ class Scanner:
     def _start(self, deliver: DeliverPolicy) -> LogSource:
         if deliver.kind == "checkpoint":
             self._floor = max(self._floor, deliver.after_timetick)
-        self._source = self._open_source(deliver.backend_policy(), self._source_filter)
-        return self._source
+        source = self._source = self._open_source(deliver.backend_policy(), self._source_filter)
+        source.want_idle_ticks(self._wants_idle_ticks())
+        return source
+
+    def _wants_idle_ticks(self) -> bool:
+        """True if an idle tick would reach the user, release held messages or move the
+        subscription's checkpoint (see the module docstring)."""
+        return self._tick_stages or (
+            self._checkpoints is not None
+            and self._acked_last
+            and self._dropped_tick > self._noted_tick
+        )
 
     async def _start_subscription(self, subscription: Subscription) -> LogSource:
         from ._subscriptions import CheckpointWriter, check_scope
@@ -212,6 +240,10 @@ class Scanner:
                 assert self._subscription is not None
                 source = await self._start_subscription(self._subscription)
             while True:
+                if not self._tick_stages:
+                    wanted = self._wants_idle_ticks()
+                    if wanted is not source.idle_ticks:
+                        source.want_idle_ticks(wanted)
                 batch = await source.next_batch()
                 if self._reorder is not None:
                     batch = self._reorder.push(batch)
@@ -234,8 +266,16 @@ class Scanner:
         """``batch`` without TimeTicks. A batch of ticks alone moves the subscription's
         checkpoint to its last tick if every message delivered so far is acknowledged."""
         kept = [m for m in batch if m.type is not _TIME_TICK]
-        if not kept and self._acked_last and self._checkpoints is not None:
-            self._checkpoints.note(batch[-1].checkpoint)
+        checkpoints = self._checkpoints
+        if checkpoints is not None and len(kept) < len(batch):
+            if not kept and self._acked_last:
+                checkpoint = batch[-1].checkpoint
+                checkpoints.note(checkpoint)
+                self._noted_tick = max(self._noted_tick, checkpoint.timetick)
+            for message in reversed(batch):
+                if message.type is _TIME_TICK:
+                    self._dropped_tick = max(self._dropped_tick, message.checkpoint.timetick)
+                    break
         return kept
 
     def _above_floor(self, batch: Sequence[ImmutableMessage]) -> Sequence[ImmutableMessage]:
@@ -262,10 +302,15 @@ class Scanner:
             raise TypeError(f"ack takes a delivered walsvc.ImmutableMessage, not {message!r}")
         if self._checkpoints is None:
             raise InvalidArgument("ack of a message this scanner has not delivered yet")
-        self._checkpoints.note(message.checkpoint)
+        checkpoint = message.checkpoint
+        self._checkpoints.note(checkpoint)
+        self._noted_tick = max(self._noted_tick, checkpoint.timetick)
         last = self._last_out
         if last is not None and message.timetick >= last.timetick:
             self._acked_last = True
+        source = self._source
+        if source is not None and not source.idle_ticks and self._wants_idle_ticks():
+            source.want_idle_ticks(True)  # (a read may be waiting: idle ticks wake it now)
 
     async def flush(self) -> None:
         """Write the subscription's latest acknowledged checkpoint now."""

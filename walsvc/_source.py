@@ -12,7 +12,9 @@ backend otherwise:
 
 Every hand-off continues from one position, so nothing is skipped or repeated. On a
 writer, a source at the end of the log also yields the writer's idle TimeTicks, once it
-has passed the newest message they confirm.
+has passed the newest message they confirm, while ``idle_ticks`` is on: a source whose
+scanner would drop them (``idle_ticks`` off) waits for entries only, so an idle writer's
+ticks (every 10 ms) do not wake it.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ class LogSource:
         "_selected",
         "_slot",
         "_start",
+        "_waiter",
         "fallbacks",
         "handoffs",
+        "idle_ticks",
     )
 
     def __init__(
@@ -77,6 +81,9 @@ class LogSource:
         # (a truncated start) the backend has yet to report.
         self._idle_ticks_ok = False
         self._closed = False
+        self._waiter: asyncio.Future[None] | None = None  # while waiting on the cache
+        #: Whether this source yields idle ticks and waits for them (see ``want_idle_ticks``).
+        self.idle_ticks = True
         #: Switches from the backend to the cache, and back (after an eviction).
         self.handoffs = 0
         self.fallbacks = 0
@@ -110,6 +117,14 @@ class LogSource:
                 self._idle_ticks_ok = True
             return slot
         return cache.slot_from(deliver.message_id)
+
+    def want_idle_ticks(self, wanted: bool) -> None:
+        """Yield idle ticks (and wake for them) or not, from now on: also for a wait on
+        the cache in progress, when they become wanted."""
+        self.idle_ticks = wanted
+        waiter = self._waiter
+        if wanted and waiter is not None and self._cache is not None:
+            self._cache.want_ticks(waiter)
 
     @property
     def mode(self) -> Literal["cache", "backend"]:
@@ -160,12 +175,13 @@ class LogSource:
             tick = self._idle_tick(cache)
             if tick is not None:
                 return (tick,)
-            waiter = cache.waiter()
+            waiter = self._waiter = cache.waiter(ticks=self.idle_ticks)
             wake = _waker(waiter)
             fetch.add_done_callback(wake)
             try:
                 await waiter
             finally:
+                self._waiter = None
                 cache.forget_waiter(waiter)
                 fetch.remove_done_callback(wake)
             if self._closed:
@@ -222,10 +238,11 @@ class LogSource:
         tick = self._idle_tick(cache)
         if tick is not None:
             return (tick,)
-        waiter = cache.waiter()
+        waiter = self._waiter = cache.waiter(ticks=self.idle_ticks)
         try:
             await waiter
         finally:
+            self._waiter = None
             cache.forget_waiter(waiter)
         return ()
 
@@ -245,11 +262,12 @@ class LogSource:
     # -- idle ticks, positions ----------------------------------------------------------
 
     def _idle_tick(self, cache: TailCache) -> ImmutableMessage | None:
-        """The writer's newest idle TimeTick, if this source has passed the message it
-        confirms and has not delivered a greater tick."""
+        """The writer's newest idle TimeTick, if this source yields them, has passed the
+        message it confirms and has not delivered a greater tick."""
         tick = cache.idle_tick
         if (
             tick is None
+            or not self.idle_ticks
             or not self._idle_ticks_ok
             or tick.timetick <= self._last_tick
             or not self._positioned

@@ -7,7 +7,7 @@ import asyncio
 import bisect
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from ..._budget import STEP, turn
 from ..._codec import decode_chunk, offset_after
@@ -16,6 +16,7 @@ from ..._filter import Filter
 from ..._ids import MessageId
 from ..._message import ImmutableMessage
 from .._base import BackendScanner, EnvelopeRun
+from ._directory import HeadView
 from ._format import FrameHeader
 from ._frames import BLOCK_SIZE, FrameBlock, read_frames
 from ._head import HeadState
@@ -57,10 +58,14 @@ class FileScanner(BackendScanner):
         "_offset_seq",
         "_segment",
         "_selected",
+        "_shared",
+        "_view",
         "_waiter",
     )
 
     reports_position = True
+    #: Whether decoded records are shared with the directory's other scanners.
+    _share_decoded: ClassVar[bool] = True
 
     def __init__(self, backend: FileBackend, deliver_from: int, selected: Filter) -> None:
         self._backend = backend
@@ -73,6 +78,8 @@ class FileScanner(BackendScanner):
         self._offset = 0
         self._offset_seq = 0  # sequence number of the record at _offset
         self._waiter: asyncio.Future[None] | None = None
+        self._view: HeadView | None = None  # the head as last seen (TailWatch.view)
+        self._shared = False  # _frames are the TailWatch's kept block's
         # The durable frames of the last block read that are not consumed yet, from
         # _frames[_frame]; _at is the byte offset in that frame's body of record
         # _deliver_from when a step stopped inside it, else -1.
@@ -123,13 +130,16 @@ class FileScanner(BackendScanner):
                     continue
                 self._after_block(stop, error, durable_end)
                 continue
-            state = directory.head.read()
             if self._fd is None:
-                self._position(state.first_seq)
+                self._position(directory.head.read().first_seq)
                 await self._seek(loop)
                 continue  # closed meanwhile? the head moved on?
+            # The head as the watch last read it, unless it may be behind (see
+            # TailWatch.view): one read serves every scanner of the directory.
+            view = self._view = directory.watch.view(self._view)
+            state = view.state
             if self._offset_seq >= state.durable_end or (self._deliver_from >= state.durable_end):
-                await self._wait(state.durable_end)
+                await self._wait(state.durable_end, view.generation)
                 continue
             block = await self._read_block(loop, state)
             if self._closed:
@@ -153,7 +163,16 @@ class FileScanner(BackendScanner):
         if state.end_segment == self._segment and state.end_offset > self._offset:
             size = min(size, state.end_offset - self._offset)
             if size <= INLINE_READ:
-                return read_frames(fd, self._offset, size)
+                # Durable bytes a tailing scanner reads: one read (and one decode, see
+                # _step) serves every scanner of the directory that reads them.
+                watch = self._backend.directory.watch
+                block = watch.block(self._segment, self._offset, size)
+                if block is None:
+                    block = read_frames(fd, self._offset, size)
+                    watch.keep_block(self._segment, self._offset, size, block)
+                self._shared = True
+                return block
+        self._shared = False
         self._busy = True
         try:
             return await loop.run_in_executor(None, read_frames, fd, self._offset, size)
@@ -191,9 +210,7 @@ class FileScanner(BackendScanner):
                 else:
                     self._deliver_from = header.first_seq
             if at < len(body):
-                got, at, seq, spent = self._decode(
-                    body, self._deliver_from, at, left, header.end_seq
-                )
+                got, at, seq, spent = self._decode_frame(header, body, at, left)
                 out += got
                 left -= spent
                 self._deliver_from = seq
@@ -209,6 +226,22 @@ class FileScanner(BackendScanner):
         if self._frame >= len(frames):
             self._frames, self._frame = [], 0  # let the block go
         return out
+
+    def _decode_frame(
+        self, header: FrameHeader, body: memoryview, at: int, units: int
+    ) -> tuple[list[Any], int, int, int]:
+        """``_decode`` from byte ``at`` of the frame, or what another scanner of the
+        directory decoded there with the same filter (frames of the shared block)."""
+        if not (self._shared and self._share_decoded):
+            return self._decode(body, self._deliver_from, at, units, header.end_seq)
+        decoded = self._backend.directory.watch.decoded
+        key = (self._segment, header.offset, at, self._deliver_from, self._selected)
+        found = decoded.get(key)
+        if found is not None and found[3] <= units:
+            return found
+        found = self._decode(body, self._deliver_from, at, units, header.end_seq)
+        decoded[key] = found
+        return found
 
     async def _skip_damage(self, loop: asyncio.AbstractEventLoop) -> bool:
         """The frame at ``_offset`` is bad. If it lies before ``_deliver_from`` (records
@@ -340,12 +373,13 @@ class FileScanner(BackendScanner):
             os.close(self._fd)
         self._fd, self._segment = fd, segment
 
-    async def _wait(self, durable_end: int) -> None:
-        """Wait for the durable end to move past ``durable_end``: an append in this
-        process wakes at once, another process's is seen by the directory's shared poll
-        of the head file (every ``poll_interval``)."""
+    async def _wait(self, durable_end: int, generation: int) -> None:
+        """Wait for the durable end to move past ``durable_end`` (as read at append
+        signal ``generation``): an append in this process wakes at once, another
+        process's is seen by the directory's shared poll of the head file (every
+        ``poll_interval``)."""
         watch = self._backend.directory.watch
-        waiter = watch.wait(durable_end, self._backend.poll_interval)
+        waiter = watch.wait(durable_end, self._backend.poll_interval, generation)
         self._waiter = waiter
         try:
             await waiter
@@ -379,6 +413,7 @@ class FileRunScanner(FileScanner):
     (no filter, nothing decoded): for readers that decode headers column-wise."""
 
     __slots__ = ()
+    _share_decoded = False
 
     async def next_runs(self) -> list[EnvelopeRun]:
         """The next one or more runs, in log order, waiting until there is one."""
