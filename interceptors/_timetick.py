@@ -2,6 +2,15 @@
 (if anything was appended since the last persisted one) or publishes an idle tick that
 only its tailing scanners and tick listeners see.
 
+While appends keep coming the TimeTick waits: the timer persists it once a visit finds
+nothing appended since the one before (the burst is over), or once ``MAX_DEFERRALS``
+visits have passed (0.1 s by default) under a steady stream. A producer that appends
+every interval would otherwise write a TimeTick frame (and, with ``sync="always"``, an
+fsync) after every message: 244 log bytes per 100-byte message instead of 180 on
+``file://``, read again by every tailing reader. Each data message carries its own tick;
+the TimeTick is what tells readers of other vchannels that time moved, and they learn it
+at most 0.1 s late under load.
+
 Ticks themselves are assigned at the WAL's serialization point, not here: that is what
 makes log order equal tick order. This interceptor only decides when a TimeTick is worth
 writing. One timer per event loop and interval drives the sync of every WAL that has
@@ -20,10 +29,13 @@ from typing import Final, final
 from walsvc import Message, MessageType, WALError
 from walsvc._chain import InterceptorContext
 
-__all__ = ("DEFAULT_SYNC_INTERVAL", "TimetickSync")
+__all__ = ("DEFAULT_SYNC_INTERVAL", "MAX_DEFERRALS", "TimetickSync")
 
 #: Seconds between timetick syncs (Milvus: 0.2).
 DEFAULT_SYNC_INTERVAL: Final = 0.010
+#: Timer visits a TimeTick waits for a burst of appends to end before it is persisted
+#: anyway (0.1 s at the default interval).
+MAX_DEFERRALS: Final = 9
 _TIME_TICK: Final = Message(payload=b"", vchannel="", type=MessageType.TIME_TICK)
 
 
@@ -38,11 +50,13 @@ class TimetickSync:
 
     __slots__ = (
         "_context",
+        "_deferrals",
         "_interval",
         "_loop",
         "_persisted_tick",
         "_persisting",
         "_quiet",
+        "_seen_tick",
         "_stopped",
     )
 
@@ -58,6 +72,10 @@ class TimetickSync:
         self._context: InterceptorContext | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._persisted_tick = 0
+        # The newest data tick the timer saw at its last visit, and how many visits in a
+        # row found appends since the one before (the TimeTick waited).
+        self._seen_tick = 0
+        self._deferrals = 0
         self._persisting: asyncio.Task[None] | None = None
         self._quiet = False  # the timer leaves this WAL alone until it wakes us
         self._stopped = False
@@ -101,7 +119,13 @@ class TimetickSync:
         if context.closed:
             self._leave()
             return False
-        if context.data_tick() > self._persisted_tick:
+        data_tick = context.data_tick()
+        if data_tick > self._persisted_tick:
+            if data_tick > self._seen_tick and self._deferrals < MAX_DEFERRALS:
+                self._seen_tick = data_tick  # still appending: wait for the burst to end
+                self._deferrals += 1
+                return True
+            self._deferrals = 0
             self._persisting = asyncio.ensure_future(self._persist_in_background(context))
         elif context.has_tick_listeners():
             context.publish_idle_tick()

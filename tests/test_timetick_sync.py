@@ -11,7 +11,7 @@ import pytest
 from _chain_support import FakeClock, data, log_of, member, open_manual
 
 import walsvc
-from interceptors import TimetickSync
+from interceptors import TimetickSync, _timetick
 from walsvc import (
     DeliverPolicy,
     MessageType,
@@ -99,3 +99,39 @@ def test_sync_interval_is_validated() -> None:
     for bad in (0, -1, float("nan"), True, "10ms"):
         with pytest.raises(ValueError, match="interval"):
             TimetickSync(bad)  # type: ignore[arg-type]
+
+
+async def test_a_timetick_waits_for_a_burst_of_appends_to_end(url: str) -> None:
+    """The timer persists a TimeTick once a visit finds nothing appended since the one
+    before, or after MAX_DEFERRALS visits under a steady stream: a producer appending
+    every interval writes one TimeTick per ten messages, not one per message. The timer
+    is driven by hand (an interval of an hour never fires by itself)."""
+    sync = TimetickSync(3600.0)
+    async with await walsvc.open_wal(url, "p0", interceptors=[sync]) as wal:
+        await wal.wait_ready()
+        ticker = _timetick._tickers[(asyncio.get_running_loop(), 3600.0)]
+
+        async def persisted_ticks() -> int:
+            log = await log_of(wal)
+            return sum(m.type is MessageType.TIME_TICK for m in log) - 1  # the opening one
+
+        async def visit() -> None:
+            ticker.fire()
+            if sync._persisting is not None:
+                await sync._persisting
+
+        await wal.append(data(b"one"))
+        await visit()
+        assert await persisted_ticks() == 0  # appended since the last visit: it waits
+        await visit()
+        assert await persisted_ticks() == 1  # the burst is over
+        for i in range(2 * (_timetick.MAX_DEFERRALS + 1)):
+            await wal.append(data(b"%d" % i))
+            await visit()
+        assert await persisted_ticks() == 3  # one per MAX_DEFERRALS + 1 visits
+        await visit()
+        await visit()
+        assert await persisted_ticks() == 3  # nothing new since the last one
+        log = await log_of(wal)
+        assert log[-1].type is MessageType.TIME_TICK
+        assert [m.timetick for m in log] == sorted(m.timetick for m in log)
