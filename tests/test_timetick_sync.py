@@ -135,3 +135,30 @@ async def test_a_timetick_waits_for_a_burst_of_appends_to_end(url: str) -> None:
         log = await log_of(wal)
         assert log[-1].type is MessageType.TIME_TICK
         assert [m.timetick for m in log] == sorted(m.timetick for m in log)
+
+
+async def test_a_reader_started_past_an_idle_tick_never_gets_it(url: str, clock: FakeClock) -> None:
+    """An idle tick names the newest message when it was published; a scanner that
+    starts after a later message must not deliver it (its tick is older than that
+    message's): it waits for a tick that confirms where it is."""
+    async with await open_manual(url, clock) as wal:
+        sync = member(wal, TimetickSync)
+        async with wal.read(DeliverPolicy.latest(), timeticks=True) as tailing:
+            waiting = asyncio.ensure_future(anext(tailing))
+            await asyncio.sleep(0)
+            clock.ms += 10
+            stale = await sync.sync_once()  # an idle tick naming the opening TimeTick
+            assert (await waiting).timetick == stale
+            sent = await wal.append(data(b"x"))
+            assert stale is not None
+            assert sent.timetick > stale
+            for policy in (DeliverPolicy.start_after(sent.message_id), DeliverPolicy.latest()):
+                async with wal.read(policy, timeticks=True) as scanner:
+                    got = asyncio.ensure_future(anext(scanner))
+                    await asyncio.sleep(0.01)
+                    assert not got.done(), f"{policy}: delivered {got.result()!r}"
+                    clock.ms += 10
+                    persisted = await sync.sync_once()
+                    tick = await asyncio.wait_for(got, 5)
+                    assert tick.timetick == persisted
+                    assert tick.timetick > sent.timetick

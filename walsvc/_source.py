@@ -262,8 +262,10 @@ class LogSource:
     # -- idle ticks, positions ----------------------------------------------------------
 
     def _idle_tick(self, cache: TailCache) -> ImmutableMessage | None:
-        """The writer's newest idle TimeTick, if this source yields them, has passed the
-        message it confirms and has not delivered a greater tick."""
+        """The writer's newest idle TimeTick, if this source yields them, stands exactly at
+        the message it confirms (the newest when it was published: a source past it, one
+        that started after a later message, would go back in time) and has not delivered
+        a greater tick."""
         tick = cache.idle_tick
         if (
             tick is None
@@ -271,8 +273,7 @@ class LogSource:
             or not self._idle_ticks_ok
             or tick.timetick <= self._last_tick
             or not self._positioned
-            or self._position is None
-            or self._position < tick.message_id
+            or self._position != tick.message_id
         ):
             return None
         self._last_tick = tick.timetick
