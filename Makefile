@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || ec
 VENV := .venv
 PY := $(VENV)/bin/python
 # The compiled modules' sources: the editable install compiles them in place.
-C_SOURCES := walsvc/_speedups.c walsvc/backends/_kafka/_cbatches.c \
+C_SOURCES := walsvc/core/_speedups.c walsvc/backends/_kafka/_cbatches.c \
 	walsvc/backends/_file/_ccommit.c
 
 .DEFAULT_GOAL := test
@@ -59,6 +59,6 @@ bench-quick: $(VENV)/.test-stamp
 
 clean:
 	rm -rf $(VENV) .asv build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
-	rm -f walsvc/_speedups.*.so walsvc/backends/_kafka/_cbatches.*.so \
+	rm -f walsvc/core/_speedups.*.so walsvc/backends/_kafka/_cbatches.*.so \
 		walsvc/backends/_file/_ccommit.*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -8,7 +8,7 @@ optionally ``walsvc.BatchInterceptor``, ``walsvc.ReadyInterceptor`` and
 
 from __future__ import annotations
 
-from walsvc._chain import ChainMember
+from walsvc.core._chain import ChainMember
 
 from ._dedup import DEFAULT_MAX_AGE, DEFAULT_MAX_KEYS, Dedup
 from ._exclusive import ExclusiveLock

@@ -35,21 +35,18 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar, final
 
-from walsvc import (
+from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import (
     AppendOutcomeUnknown,
-    AppendResult,
-    DeliverPolicy,
-    ImmutableMessage,
     InvalidArgument,
     InvalidMessage,
-    Message,
-    MessageId,
-    MessageType,
     WALError,
     WALTruncated,
 )
-from walsvc._chain import AppendBatchNext, AppendNext, InterceptorContext
-from walsvc._timetick import span_of_ms
+from walsvc.core._ids import MessageId
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.core._timetick import span_of_ms
 
 from ._reading import read_through
 
@@ -86,7 +83,7 @@ class Dedup:
     ``max_age`` (seconds, measured in timeticks) bounds how long a key is remembered and
     how much log the rebuild on open reads."""
 
-    #: Messages without a key pass straight through (see ``walsvc._chain``).
+    #: Messages without a key pass straight through (see ``walsvc.core._chain``).
     passes_plain_messages: Final = True
 
     __slots__ = (
@@ -158,7 +155,7 @@ class Dedup:
         start = await context.start_at_timetick(floor)
         # Each message is noted as the scanner delivers it, so the rebuild works a step
         # of the read at a time (the read yields to the loop between steps, see
-        # walsvc._budget) and never holds the whole window's messages.
+        # walsvc.core._budget) and never holds the whole window's messages.
         try:
             async for message in read_through(context, start, latest, floor):
                 self._note_settled(message)

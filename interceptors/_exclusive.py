@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from operator import attrgetter
 from typing import final
 
-from walsvc import EXCLUSIVE_TYPES, AppendResult, Message
-from walsvc._chain import AppendBatchNext, AppendNext
+from walsvc.core._chain import AppendBatchNext, AppendNext
+from walsvc.core._message import EXCLUSIVE_TYPES, AppendResult, Message
 
 __all__ = ("ExclusiveLock",)
 

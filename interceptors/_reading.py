@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from walsvc import DeliverPolicy, Filter, ImmutableMessage, MessageId
-from walsvc._chain import InterceptorContext
+from walsvc.core._chain import InterceptorContext
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage
 
 __all__ = ("read_through",)
 

@@ -15,8 +15,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, final
 
-from walsvc import AppendResult, Message, WALError, WALFenced
-from walsvc._chain import AppendBatchNext, AppendNext
+from walsvc.core._chain import AppendBatchNext, AppendNext
+from walsvc.core._errors import WALError, WALFenced
+from walsvc.core._message import AppendResult, Message
 
 __all__ = ("Redo",)
 

@@ -26,8 +26,9 @@ import asyncio
 import math
 from typing import Final, final
 
-from walsvc import Message, MessageType, WALError
-from walsvc._chain import InterceptorContext
+from walsvc.core._chain import InterceptorContext
+from walsvc.core._errors import WALError
+from walsvc.core._message import Message, MessageType
 
 __all__ = ("DEFAULT_SYNC_INTERVAL", "MAX_DEFERRALS", "TimetickSync")
 

@@ -18,16 +18,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar, final
 
-from walsvc import (
+from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import (
     AppendOutcomeUnknown,
-    AppendResult,
-    DeliverPolicy,
-    ImmutableMessage,
-    Message,
-    MessageId,
-    MessageType,
     TxnAborted,
-    TxnContext,
     TxnError,
     TxnExpired,
     TxnNotActive,
@@ -35,8 +30,9 @@ from walsvc import (
     WALError,
     WALTruncated,
 )
-from walsvc._chain import AppendBatchNext, AppendNext, InterceptorContext
-from walsvc._timetick import span_of_ms
+from walsvc.core._ids import MessageId
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType, TxnContext
+from walsvc.core._timetick import span_of_ms
 
 from ._reading import read_through
 
@@ -86,7 +82,7 @@ class Transactions:
 
     #: Marks the chain member ``WAL.begin_txn`` relies on.
     manages_transactions: Final = True
-    #: Messages without a transaction context pass straight through (see ``walsvc._chain``).
+    #: Messages without a transaction context pass straight through (see ``walsvc.core._chain``).
     passes_plain_messages: Final = True
 
     __slots__ = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from walsvc._filter import Filter
+from walsvc.core._filter import Filter
 
 __all__ = ("timetick_gt", "timetick_gte", "types", "vchannel")
 

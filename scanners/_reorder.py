@@ -20,7 +20,7 @@ import logging
 from collections.abc import Sequence
 from typing import final
 
-from walsvc._message import ImmutableMessage, MessageType
+from walsvc.core._message import ImmutableMessage, MessageType
 
 __all__ = ("ReorderBuffer",)
 

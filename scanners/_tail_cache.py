@@ -24,10 +24,10 @@ from typing import Final, final
 
 import msgspec
 
-from walsvc._filter import Filter
-from walsvc._ids import MessageId
-from walsvc._message import ImmutableMessage
-from walsvc._timetick import span_of_ms
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage
+from walsvc.core._timetick import span_of_ms
 
 __all__ = ("CacheStats", "TailCache")
 

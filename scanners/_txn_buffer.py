@@ -21,8 +21,8 @@ from typing import final
 
 import msgspec
 
-from walsvc._errors import TxnBufferFull
-from walsvc._message import ImmutableMessage, MessageType
+from walsvc.core._errors import TxnBufferFull
+from walsvc.core._message import ImmutableMessage, MessageType
 
 __all__ = ("TxnBuffer",)
 

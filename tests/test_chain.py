@@ -12,12 +12,8 @@ from _chain_support import data, log_of
 import interceptors
 import walsvc
 from interceptors import Dedup, Redo
-from walsvc import (
-    AppendResult,
-    Message,
-    MessageType,
-)
-from walsvc._chain import AppendNext
+from walsvc import AppendResult, Message, MessageType
+from walsvc.core._chain import AppendNext
 from walsvc.testing import memory_wal
 
 _faulty.register()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import walsvc
-from walsvc import _cli
+from walsvc.apps import _cli
 from walsvc.backends import _memory
 
 # Evenly divisible, so every vchannel gets exactly MESSAGES / VCHANNELS messages.

@@ -12,15 +12,8 @@ import pytest
 
 import walsvc
 from interceptors import default_chain
-from walsvc import (
-    AppendResult,
-    Message,
-    MessageTooLarge,
-    MessageType,
-    WALClosed,
-    WALFenced,
-)
-from walsvc._chain import AppendBatchNext, AppendNext
+from walsvc import AppendResult, Message, MessageTooLarge, MessageType, WALClosed, WALFenced
+from walsvc.core._chain import AppendBatchNext, AppendNext
 
 PRODUCERS = 40
 

@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import walsvc
-import walsvc._columns
-import walsvc._compiled
+import walsvc.core._columns
+import walsvc.core._compiled
 from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType, TxnContext
-from walsvc._codec import (
+from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._codec import (
     HEADER_SIZE,
     VERSION,
     are_plain,
@@ -30,8 +31,7 @@ from walsvc._codec import (
     ext_fields,
     peek,
 )
-from walsvc._columns import HeaderColumns, decode_columns, gather_payloads, walk_columns
-from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._columns import HeaderColumns, decode_columns, gather_payloads, walk_columns
 
 U64 = st.integers(0, 2**64 - 1)
 # Lone surrogates cannot be UTF-8 encoded: Message rejects them (tests/test_errors...).
@@ -497,7 +497,9 @@ def test_decode_run_equals_decoding_everything_and_filtering(
 
 
 def test_decode_run_checks_names_behind_a_hash_collision() -> None:
-    assert walsvc._filter.vchannel_hash(b"plumless") == walsvc._filter.vchannel_hash(b"buckeroo")
+    assert walsvc.core._filter.vchannel_hash(b"plumless") == walsvc.core._filter.vchannel_hash(
+        b"buckeroo"
+    )
     run = b"".join(
         encode(Message(payload=b"", vchannel=v), timetick=1, term=1)
         for v in ("plumless", "buckeroo", "")
@@ -551,15 +553,15 @@ def test_decode_columns_agrees_with_decode_run_field_by_field() -> None:
 
 
 def test_the_compiled_header_walk_is_built() -> None:
-    """``make test`` builds walsvc/_speedups.c (a C compiler is part of the test
+    """``make test`` builds walsvc/core/_speedups.c (a C compiler is part of the test
     environment); without it the Spark reader silently runs ten times slower."""
-    assert all(walsvc._compiled.available().values()), walsvc._compiled.available()
+    assert all(walsvc.core._compiled.available().values()), walsvc.core._compiled.available()
 
 
 def _walk(walker: str, run: bytes | memoryview) -> HeaderColumns | str:
     """The columns one walker reads from ``run``, or the CorruptRecord it raises (each
     walker starts with no vchannel names checked)."""
-    walsvc._columns._column_names.clear()
+    walsvc.core._columns._column_names.clear()
     try:
         if walker == "compiled":
             return decode_columns(run)
@@ -598,7 +600,7 @@ def test_the_compiled_walk_reads_and_refuses_exactly_what_the_python_walk_does(
 
 def _in_python(function: Any, *args: Any) -> Any:
     """``function(*args)`` with walsvc's compiled loops switched off."""
-    compiled = walsvc._compiled
+    compiled = walsvc.core._compiled
     names = compiled.__all__
     saved = [getattr(compiled, name) for name in names]
     for name in names:
@@ -667,7 +669,7 @@ def test_the_compiled_plain_batch_check_agrees_with_the_python_one(
         and len(m.payload) <= max_payload
         for m in messages
     )
-    assert walsvc._compiled.are_plain is not None, "Message's fields were not bound"
+    assert walsvc.core._compiled.are_plain is not None, "Message's fields were not bound"
     assert are_plain(messages, max_payload) is expected
     assert _in_python(are_plain, messages, max_payload) is expected
 
@@ -704,8 +706,8 @@ def test_the_compiled_id_column_holds_prefix_and_number(
     """``numbered_strings`` (the Spark reader's message-id column) writes what an
     f-string writes, as Arrow offsets and values."""
     assume(all(not 0xD800 <= ord(c) <= 0xDFFF for c in prefix))
-    assert walsvc._compiled.numbered_strings is not None
-    offsets, values = walsvc._compiled.numbered_strings(prefix.encode(), first, count)
+    assert walsvc.core._compiled.numbered_strings is not None
+    offsets, values = walsvc.core._compiled.numbered_strings(prefix.encode(), first, count)
     ends = struct.unpack(f"={count + 1}i", offsets)
     got = [values[a:b].decode() for a, b in itertools.pairwise(ends)]
     assert got == [f"{prefix}{seq}" for seq in range(first, first + count)]

@@ -1,5 +1,5 @@
 """The compiled header walk of a vchannel-only filter (``_speedups.match_hashes``, used by
-``walsvc._codec.decode_chunk``) against the Python walk it replaces: the same messages,
+``walsvc.core._codec.decode_chunk``) against the Python walk it replaces: the same messages,
 the same stopping point and units spent for every budget, and the same ``CorruptRecord``
 (same message) for a run with bytes flipped or its tail cut."""
 
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import walsvc._compiled
+import walsvc.core._compiled
 from walsvc import CorruptRecord, Filter, Message, MessageType
-from walsvc._budget import DECODE_COST
-from walsvc._codec import decode_chunk, encode
 from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._budget import DECODE_COST
+from walsvc.core._codec import decode_chunk, encode
 
 # "plumless" and "buckeroo" share a CRC-32: the walk matches both, the name check one.
 VCHANNELS = ["", "a", "b", "plumless", "buckeroo", "c"]
@@ -25,12 +25,12 @@ VCHANNELS = ["", "a", "b", "plumless", "buckeroo", "c"]
 
 @contextmanager
 def _python_walk() -> Iterator[None]:
-    saved = walsvc._compiled.match_hashes
-    walsvc._compiled.match_hashes = None
+    saved = walsvc.core._compiled.match_hashes
+    walsvc.core._compiled.match_hashes = None
     try:
         yield
     finally:
-        walsvc._compiled.match_hashes = saved
+        walsvc.core._compiled.match_hashes = saved
 
 
 def _chunk(run: bytes | memoryview, selected: Filter, start: int, end: int, units: int) -> Any:
@@ -41,7 +41,7 @@ def _chunk(run: bytes | memoryview, selected: Filter, start: int, end: int, unit
 
 
 def test_the_compiled_hash_walk_is_built() -> None:
-    assert walsvc._compiled.match_hashes is not None
+    assert walsvc.core._compiled.match_hashes is not None
 
 
 @given(
@@ -84,7 +84,7 @@ def test_the_compiled_walk_decodes_and_refuses_what_the_python_walk_does(
 
 
 def test_arguments_outside_the_buffer_are_refused() -> None:
-    match_hashes = walsvc._compiled.match_hashes
+    match_hashes = walsvc.core._compiled.match_hashes
     assert match_hashes is not None
     with pytest.raises(ValueError, match="outside"):
         match_hashes(b"abc", 0, 4, frozenset({1}), 10, 0)

@@ -337,7 +337,7 @@ def test_auto_picks_the_present_section_highest_in_the_priority(
     }
     text = "".join(f"[wal.{name}]\n{located[name]}\n" for name in sections)
     config = _load(tmp_path, text)
-    assert walsvc._config.BACKEND_PRIORITY == ("pulsar", "kafka", "file", "memory")
+    assert walsvc.apps._config.BACKEND_PRIORITY == ("pulsar", "kafka", "file", "memory")
     assert (config.requested, config.backend) == ("auto", chosen)
     assert config.url.startswith(f"{chosen}://")
     from_file = f"(from config file {config.source})"

@@ -15,10 +15,10 @@ import pytest
 import scanners
 import walsvc
 from walsvc import DeliverPolicy, Filter, ImmutableMessage, MessageId
-from walsvc._subscriptions import SubscriptionStore
 from walsvc.backends import Backend, BackendScanner
 from walsvc.backends._memory import MemoryBackend, MemoryMessageId
 from walsvc.testing import check_backend, check_truncation, memory_wal
+from walsvc.wal._subscriptions import SubscriptionStore
 
 Opener = Callable[..., Awaitable[walsvc.WAL]]
 

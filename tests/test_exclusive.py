@@ -13,13 +13,9 @@ from _chain_support import data, log_of
 
 import walsvc
 from interceptors import ExclusiveLock
-from walsvc import (
-    AppendResult,
-    Message,
-    MessageType,
-)
-from walsvc._chain import AppendNext
+from walsvc import AppendResult, Message, MessageType
 from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._chain import AppendNext
 
 _faulty.register()
 

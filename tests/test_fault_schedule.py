@@ -41,7 +41,7 @@ from _full_disk import fill, small_filesystem
 
 import walsvc
 from walsvc import DeliverPolicy, MessageType
-from walsvc._cli import main as cli
+from walsvc.apps._cli import main as cli
 from walsvc.backends._file._format import FRAME_HEADER_SIZE, encode_frames, segment_seq
 from walsvc.backends._file._head import HeadFile
 

@@ -15,7 +15,7 @@ from _segments import whole_frames
 
 import walsvc
 from walsvc import DeliverPolicy, Message
-from walsvc._cli import main as cli
+from walsvc.apps._cli import main as cli
 from walsvc.backends._file import FileMessageId
 from walsvc.backends._file._format import encode_frames, segment_seq
 

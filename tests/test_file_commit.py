@@ -22,14 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import walsvc
-from walsvc import (
-    AppendOutcomeUnknown,
-    AppendResult,
-    CorruptRecord,
-    Message,
-    WALClosed,
-    WALFenced,
-)
+from walsvc import AppendOutcomeUnknown, AppendResult, CorruptRecord, Message, WALClosed, WALFenced
 from walsvc.backends._file import FileMessageId, _ccommit
 from walsvc.backends._file import _writer as writer_module
 from walsvc.backends._file._head import HeadFile, HeadState

@@ -47,7 +47,6 @@ from _crash_child import PARENT, PCHANNEL, check_message, expected_message
 
 import walsvc
 from walsvc import CorruptRecord, DeliverPolicy, ImmutableMessage
-from walsvc._codec import encode
 from walsvc.backends._file import FileMessageId
 from walsvc.backends._file._format import (
     FRAME_HEADER_SIZE,
@@ -55,6 +54,7 @@ from walsvc.backends._file._format import (
     parse_frame_header,
     verify_frame,
 )
+from walsvc.core._codec import encode
 
 
 def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:

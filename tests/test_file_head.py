@@ -24,7 +24,7 @@ import pytest
 
 import walsvc
 from walsvc import CorruptRecord, DeliverPolicy, ImmutableMessage, Message
-from walsvc._cli import main as cli
+from walsvc.apps._cli import main as cli
 from walsvc.backends._file._head import UNKNOWN, HeadFile, HeadState
 
 PCHANNEL = "p"

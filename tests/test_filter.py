@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 import walsvc
 from walsvc import Filter, ImmutableMessage, Message, MessageType
-from walsvc._codec import encode
-from walsvc._filter import vchannel_hash
 from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._codec import encode
+from walsvc.core._filter import vchannel_hash
 from walsvc.testing import memory_wal
 
 VCHANNELS = ["", "a", "b", "plumless", "buckeroo"]  # the last two share a CRC-32

@@ -21,9 +21,9 @@ import pytest
 import walsvc
 from interceptors import TimetickSync, default_chain
 from walsvc import DeliverPolicy, Message, MessageType, WALClosed, WALFenced
-from walsvc._context import WALContext
 from walsvc.backends._file import _ccommit
 from walsvc.backends._file import _writer as writer_module
+from walsvc.wal._context import WALContext
 
 IDLE = 0.02  # seconds a commit thread waits for a batch here before it exits
 LIMIT = 20  # seconds any wait here may take before the test fails (never reached)

@@ -13,8 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
-from walsvc._codec import encode
 from walsvc.backends._kafka import KafkaBackend
+from walsvc.core._codec import encode
 
 __all__ = ("paused_broker", "tansu_url")
 

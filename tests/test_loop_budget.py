@@ -1,6 +1,6 @@
 """The event loop never stalls on a read (issue 21, section 3): every read path decodes a
 bounded step at a time and yields to the loop once the steps of one loop iteration
-(every reader of the loop together) reach ``walsvc._budget.ITERATION``.
+(every reader of the loop together) reach ``walsvc.core._budget.ITERATION``.
 
 Not timing-based: a callback that schedules itself with ``call_soon`` runs exactly once
 per loop iteration, so it numbers the iterations; the tests count the records delivered
@@ -19,10 +19,10 @@ from typing import Final
 
 import walsvc
 from walsvc import DeliverPolicy, Filter, ImmutableMessage, Message
-from walsvc._budget import CACHED_COST, DECODE_COST, ITERATION, STEP
+from walsvc.core._budget import CACHED_COST, DECODE_COST, ITERATION, STEP
 
 #: Records one loop iteration may deliver: less than 2 * (ITERATION + STEP) units (see
-#: walsvc._budget), a decoded record costing DECODE_COST.
+#: walsvc.core._budget), a decoded record costing DECODE_COST.
 BOUND: Final = 2 * (ITERATION + STEP) // DECODE_COST
 RECORDS: Final = 6000  # six frames of 1000 records: each far above one step
 _TIMEOUT: Final = 30.0

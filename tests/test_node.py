@@ -32,8 +32,8 @@ from walsvc import (
     WALReadOnly,
     open_node,
 )
-from walsvc._node import NodeScanner
-from walsvc._routing import HASHES, Cut, jump_blake2b_v1
+from walsvc.node._node import NodeScanner
+from walsvc.node._routing import HASHES, Cut, jump_blake2b_v1
 
 P3 = ("p0", "p1", "p2")
 
@@ -161,7 +161,7 @@ TEN = [f"v{i}" for i in range(10)]
 
 
 def test_ten_vchannels_over_four_pchannels_leave_one_empty_under_the_hash() -> None:
-    """The reported spread: no hash balances a handful of names (see walsvc._routing)."""
+    """The reported spread: no hash balances a handful of names (see walsvc.node._routing)."""
     counts = Counter(Routing(1, P4).pchannel_of(v) for v in TEN)
     assert sorted(counts.get(p, 0) for p in P4) == [1, 2, 2, 5]
 

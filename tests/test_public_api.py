@@ -60,7 +60,7 @@ def test_the_walk_finds_the_known_modules() -> None:
     assert {"walsvc", "walsvc.backends", "walsvc.testing", "scanners", "interceptors"} <= set(
         PUBLIC
     )
-    assert {"walsvc._codec", "walsvc._wal", "walsvc.backends._memory"} <= set(PRIVATE)
+    assert {"walsvc.core._codec", "walsvc.wal._wal", "walsvc.backends._memory"} <= set(PRIVATE)
 
 
 @pytest.mark.parametrize("top", TOP_PACKAGES)

@@ -14,8 +14,8 @@ from pulsar import _pulsar
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
-from walsvc._codec import encode
 from walsvc.backends._pulsar._client import translate
+from walsvc.core._codec import encode
 
 __all__ = ("broker", "own_broker")
 

@@ -26,7 +26,7 @@ from _spark_cluster import free_port, spark_cluster, spark_env, spark_home, stop
 
 import walsvc
 from walsvc import WAL, ImmutableMessage, Message, MessageType
-from walsvc._cli import main as cli
+from walsvc.apps._cli import main as cli
 from walsvc.spark import (
     CHECKPOINT_NAME,
     FLUSH_APP,

@@ -32,15 +32,15 @@ from walsvc import (
     Message,
     WALClosed,
 )
-from walsvc._errors import SubscriptionBusy
-from walsvc._subscriptions import (
+from walsvc.backends import Backend
+from walsvc.backends._file._subscriptions import FileSubscriptionStore
+from walsvc.core._errors import SubscriptionBusy
+from walsvc.wal._subscriptions import (
     CheckpointWriter,
     MemorySubscriptionStore,
     StoredSubscription,
     SubscriptionStore,
 )
-from walsvc.backends import Backend
-from walsvc.backends._file._subscriptions import FileSubscriptionStore
 
 INVALID_NAMES = ["", "-a", ".a", "_a", "a/b", "../a", "a b", "a\n", "é", "a" * 201, "a:b"]
 VALID_NAMES = ["a", "0", "a" * 200, "Sub-1.two_3", "x.tmp"]

@@ -16,9 +16,9 @@ from _chain_support import FakeClock, data, member, open_manual
 from interceptors import TimetickSync
 from scanners._tail_cache import TailCache
 from walsvc import Checkpoint, DeliverPolicy, MessageType, Scanner
-from walsvc._ids import SequenceMessageId
-from walsvc._message import NO_PROPERTIES, ImmutableMessage
-from walsvc._source import LogSource
+from walsvc.core._ids import SequenceMessageId
+from walsvc.core._message import NO_PROPERTIES, ImmutableMessage
+from walsvc.read._source import LogSource
 
 _SCANNERS = 20
 _TICKS = 50

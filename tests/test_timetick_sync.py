@@ -12,10 +12,7 @@ from _chain_support import FakeClock, data, log_of, member, open_manual
 
 import walsvc
 from interceptors import TimetickSync, _timetick
-from walsvc import (
-    DeliverPolicy,
-    MessageType,
-)
+from walsvc import DeliverPolicy, MessageType
 
 _faulty.register()
 

@@ -16,12 +16,8 @@ import interceptors
 import scanners
 import walsvc
 from interceptors import TimetickSync, Transactions
-from walsvc import (
-    AppendResult,
-    Message,
-    MessageType,
-)
-from walsvc._chain import AppendNext
+from walsvc import AppendResult, Message, MessageType
+from walsvc.core._chain import AppendNext
 from walsvc.testing import memory_wal
 
 _faulty.register()

@@ -4,7 +4,8 @@ Open a pchannel with ``await open_wal(url, pchannel)``; append ``Message``s, rea
 ``ImmutableMessage``s through scanners. Backends are chosen by URL scheme.
 """
 
-from ._chain import (
+from walsvc.apps._config import WalConfig, load_config, open_node_from_config, open_wal_from_config
+from walsvc.core._chain import (
     AppendBatchNext,
     AppendNext,
     BatchInterceptor,
@@ -16,10 +17,9 @@ from ._chain import (
     ReadyInterceptor,
     TxnKeyWindow,
 )
-from ._codec import EnvelopeHeader, peek
-from ._config import WalConfig, load_config, open_node_from_config, open_wal_from_config
-from ._deliver import Checkpoint, DeliverPolicy
-from ._errors import (
+from walsvc.core._codec import EnvelopeHeader, peek
+from walsvc.core._deliver import Checkpoint, DeliverPolicy
+from walsvc.core._errors import (
     AppendOutcomeUnknown,
     BackendUnavailable,
     CorruptRecord,
@@ -42,9 +42,9 @@ from ._errors import (
     WALReadOnly,
     WALTruncated,
 )
-from ._filter import Filter
-from ._ids import MessageId, SequenceMessageId, unmarshal_message_id
-from ._message import (
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId, SequenceMessageId, unmarshal_message_id
+from walsvc.core._message import (
     APPLICATION_TYPES,
     EXCLUSIVE_TYPES,
     SYSTEM_TYPES,
@@ -55,14 +55,14 @@ from ._message import (
     TxnContext,
     producer_key,
 )
-from ._node import Node, open_node
-from ._open import open_wal
-from ._registry import known_schemes, register_backend
-from ._routing import Routing, balanced_pins
-from ._scanner import Scanner
-from ._timetick import HybridClock, TimetickAllocator
-from ._txn import Txn, TxnState
-from ._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
+from walsvc.core._timetick import HybridClock, TimetickAllocator
+from walsvc.node._node import Node, open_node
+from walsvc.node._routing import Routing, balanced_pins
+from walsvc.read._scanner import Scanner
+from walsvc.wal._open import open_wal
+from walsvc.wal._registry import known_schemes, register_backend
+from walsvc.wal._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
+from walsvc.write._txn import Txn, TxnState
 
 __all__ = (
     "APPLICATION_TYPES",

@@ -1,6 +1,6 @@
 """The small interface every backend implements (the shape of Milvus's walimpls).
 
-A backend stores opaque envelopes (see ``walsvc._codec``) for one pchannel; everything
+A backend stores opaque envelopes (see ``walsvc.core._codec``) for one pchannel; everything
 else (validation, timeticks, interceptors, filters' semantics) lives above it.
 """
 
@@ -10,14 +10,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
-from .._deliver import DeliverPolicy
-from .._errors import InvalidArgument
-from .._filter import Filter
-from .._ids import MessageId
-from .._message import ImmutableMessage
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import InvalidArgument
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage
 
 if TYPE_CHECKING:
-    from .._subscriptions import SubscriptionStore
+    from walsvc.wal._subscriptions import SubscriptionStore
 
 __all__ = ("Backend", "BackendScanner", "EnvelopeRun", "RunScanner")
 
@@ -96,7 +96,7 @@ class Backend(ABC):
     #: True if appends are durable when the call returns (the memory log): the backend
     #: then implements ``append_now``, and the WAL appends each message as it comes;
     #: otherwise it gathers concurrent appends into one batch per loop iteration (see
-    #: ``walsvc._coalesce``).
+    #: ``walsvc.write._coalesce``).
     immediate_acks: ClassVar[bool] = False
     #: False if ``append`` never raises a retriable error (the memory log). The default
     #: chain ``open_wal`` builds then leaves out ``Redo``, which has nothing to retry.

@@ -12,14 +12,15 @@ import bisect
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, final
 
-from .._budget import DECODE_COST, STEP, turn
-from .._codec import decode_run, timetick_of
-from .._deliver import DeliverPolicy
-from .._errors import InvalidArgument, WALClosed, WALFenced, WALTruncated
-from .._filter import Filter
-from .._ids import MessageId, SequenceMessageId
-from .._message import ImmutableMessage
-from .._subscriptions import MemorySubscriptionStore
+from walsvc.core._budget import DECODE_COST, STEP, turn
+from walsvc.core._codec import decode_run, timetick_of
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import InvalidArgument, WALClosed, WALFenced, WALTruncated
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId, SequenceMessageId
+from walsvc.core._message import ImmutableMessage
+from walsvc.wal._subscriptions import MemorySubscriptionStore
+
 from ._base import Backend, BackendScanner
 
 __all__ = ("MemoryBackend", "MemoryMessageId", "backend_class")

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast, final
 from urllib.parse import urlsplit
 
-from .._errors import InvalidArgument
+from walsvc.core._errors import InvalidArgument
+
 from ._options import SourceOptions, parse_source_options
 from ._ranges import latest_ids
 from ._rows import COLUMNS, SCHEMA

@@ -18,7 +18,7 @@ __all__ = ("main",)
 
 def main() -> int:
     """Run ``walsvc flush`` on ``sys.argv[1:]`` and return its exit status."""
-    from walsvc._cli import main as cli
+    from walsvc.apps._cli import main as cli
 
     return cli(["flush", *sys.argv[1:]])
 

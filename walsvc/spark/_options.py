@@ -14,9 +14,9 @@ from typing import Any, Final
 
 import msgspec
 
-from .._errors import InvalidArgument
-from .._filter import Filter
-from .._message import MessageType
+from walsvc.core._errors import InvalidArgument
+from walsvc.core._filter import Filter
+from walsvc.core._message import MessageType
 
 __all__ = ("SourceOptions", "WriteOptions", "parse_source_options", "parse_write_options")
 

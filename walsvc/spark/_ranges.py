@@ -25,12 +25,13 @@ from typing import TypeVar
 
 import msgspec
 
-from .._deliver import DeliverPolicy
-from .._errors import InvalidArgument, WALError, WALTruncated
-from .._ids import MessageId, SequenceMessageId, unmarshal_message_id
-from .._message import ImmutableMessage
-from .._open import open_wal
-from .._wal import WAL
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import InvalidArgument, WALError, WALTruncated
+from walsvc.core._ids import MessageId, SequenceMessageId, unmarshal_message_id
+from walsvc.core._message import ImmutableMessage
+from walsvc.wal._open import open_wal
+from walsvc.wal._wal import WAL
+
 from ._options import SourceOptions
 
 __all__ = (

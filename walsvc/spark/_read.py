@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from scanners import ReorderBuffer, TxnBuffer
+from walsvc.backends._base import RunScanner
+from walsvc.core._codec import decode, ext_fields
+from walsvc.core._columns import HeaderColumns, decode_columns
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import WALTruncated
+from walsvc.core._ids import MessageId, SequenceMessageId
+from walsvc.core._message import SYSTEM_TYPES, ImmutableMessage, MessageType, TxnContext
+from walsvc.wal._wal import WAL
 
-from .._codec import decode, ext_fields
-from .._columns import HeaderColumns, decode_columns
-from .._deliver import DeliverPolicy
-from .._errors import WALTruncated
-from .._ids import MessageId, SequenceMessageId
-from .._message import SYSTEM_TYPES, ImmutableMessage, MessageType, TxnContext
-from .._wal import WAL
-from ..backends._base import RunScanner
 from ._options import SourceOptions
 from ._ranges import IdRange, open_reader, raw_up_to, replay_start, unless_stalled
 from ._rows import RowColumns, data_rows

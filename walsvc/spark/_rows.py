@@ -23,9 +23,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from .. import _compiled
-from .._columns import HeaderColumns, gather_payloads
-from .._message import ImmutableMessage, MessageType
+from walsvc.core import _compiled
+from walsvc.core._columns import HeaderColumns, gather_payloads
+from walsvc.core._message import ImmutableMessage, MessageType
 
 __all__ = ("COLUMNS", "MAX_BATCH_BYTES", "SCHEMA", "RowColumns", "arrow_schema", "data_rows")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-from .._errors import CorruptRecord, InvalidArgument
+from walsvc.core._errors import CorruptRecord, InvalidArgument
 
 __all__ = ("SINK_LOG", "flushed_files")
 

@@ -27,8 +27,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from .._errors import InvalidArgument
-from .._ids import SequenceMessageId
+from walsvc.core._errors import InvalidArgument
+from walsvc.core._ids import SequenceMessageId
+
 from ._batch import RangePartition, read_partition
 from ._options import SourceOptions
 from ._ranges import IdRange, checked_id, latest_ids, tile

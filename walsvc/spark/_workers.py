@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Final
 
-from .._errors import InvalidArgument
+from walsvc.core._errors import InvalidArgument
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -90,28 +90,23 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from .._errors import (
+from walsvc.core._errors import (
     AppendOutcomeUnknown,
     InvalidArgument,
     InvalidMessage,
     WALError,
     WALFenced,
 )
-from .._message import (
-    SYSTEM_TYPES,
-    AppendResult,
-    Message,
-    MessageType,
-    producer_key,
-)
-from .._open import _PCHANNEL, open_wal
-from .._registry import backend_class
+from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message, MessageType, producer_key
+from walsvc.wal._open import _PCHANNEL, open_wal
+from walsvc.wal._registry import backend_class
+
 from ._options import WriteOptions
 from ._sync import run
 
 if TYPE_CHECKING:
-    from .._ids import MessageId
-    from .._wal import WAL
+    from walsvc.core._ids import MessageId
+    from walsvc.wal._wal import WAL
 
 __all__ = (
     "IGNORED_COLUMNS",

@@ -36,12 +36,20 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final, NoReturn, final
 
-from .._deliver import DeliverPolicy
-from .._errors import InvalidArgument, WALClosed, WALError, WALFenced, WALReadOnly, WALTruncated
-from .._ids import MessageId
-from .._message import ImmutableMessage, Message, MessageType
-from .._scanner import Scanner
-from .._wal import WAL
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import (
+    InvalidArgument,
+    WALClosed,
+    WALError,
+    WALFenced,
+    WALReadOnly,
+    WALTruncated,
+)
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage, Message, MessageType
+from walsvc.read._scanner import Scanner
+from walsvc.wal._wal import WAL
+
 from ._exactly_once import ExactlyOnceCheck
 from ._instruments import MARK, Reader, Sent, describe, difference, task_group
 from ._scanner_conformance import ScannerCheck

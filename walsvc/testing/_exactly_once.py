@@ -22,10 +22,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, NoReturn, final
 
-from .._deliver import DeliverPolicy
-from .._ids import MessageId
-from .._message import AppendResult, ImmutableMessage, Message, MessageType
-from .._wal import WAL
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._ids import MessageId
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.wal._wal import WAL
 
 __all__ = ("ExactlyOnceCheck",)
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, NamedTuple, final
 
-from .._ids import MessageId
-from .._message import AppendResult, ImmutableMessage, Message, MessageType
-from .._scanner import Scanner
+from walsvc.core._ids import MessageId
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.read._scanner import Scanner
 
 if TYPE_CHECKING:
     from ._conformance import _PChannelCheck

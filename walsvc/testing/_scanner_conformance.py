@@ -16,11 +16,11 @@ from typing import Final, NoReturn, final
 
 import msgspec
 
-from .._deliver import DeliverPolicy
-from .._filter import Filter
-from .._message import AppendResult, ImmutableMessage, Message, MessageType
-from .._scanner import Scanner
-from .._wal import WAL
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._filter import Filter
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.read._scanner import Scanner
+from walsvc.wal._wal import WAL
 
 __all__ = ("ScannerCheck",)
 

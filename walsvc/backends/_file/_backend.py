@@ -21,18 +21,19 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar, final
 
-from ..._deliver import DeliverPolicy
-from ..._errors import (
+from walsvc.backends._base import Backend, BackendScanner
+from walsvc.backends._identity import this_writer
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import (
     BackendUnavailable,
     CorruptRecord,
     InvalidArgument,
     WALClosed,
     WALReadOnly,
 )
-from ..._filter import Filter
-from ..._ids import MessageId
-from .._base import Backend, BackendScanner
-from .._identity import this_writer
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+
 from ._directory import LogDirectory, fsync_directory
 from ._format import segment_seq
 from ._head import HeadFile, HeadState

@@ -24,8 +24,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..._codec import last_timetick_of_run, offset_after
-from ..._errors import CorruptRecord, InvalidArgument
+from walsvc.core._codec import last_timetick_of_run, offset_after
+from walsvc.core._errors import CorruptRecord, InvalidArgument
+
 from ._directory import fsync_directory
 from ._format import segment_name, segment_seq
 from ._frames import read_frames

@@ -10,7 +10,8 @@ import time
 import weakref
 from typing import Any, Final, NamedTuple
 
-from ..._errors import WALError
+from walsvc.core._errors import WALError
+
 from ._format import segment_name, segment_seq
 from ._frames import FrameBlock
 from ._head import HeadFile, HeadState

@@ -10,7 +10,7 @@ of frames; a frame is what one group commit wrote::
     8   4  body length
     12  4  record count
     16  8  sequence number of the first record
-    24  .. body: ``count`` envelopes laid end to end (see walsvc._codec)
+    24  .. body: ``count`` envelopes laid end to end (see walsvc.core._codec)
 
 One CRC covers a whole batch, so checksumming costs GiB/s rather than a call per record.
 A frame that fails its checks at the very end of the newest segment is a torn write and is
@@ -25,7 +25,7 @@ from typing import Final
 
 from crc32c import crc32c
 
-from ..._errors import CorruptRecord
+from walsvc.core._errors import CorruptRecord
 
 __all__ = (
     "FRAME_HEADER_SIZE",

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from typing import Final, Literal
 
-from ..._errors import CorruptRecord
+from walsvc.core._errors import CorruptRecord
+
 from ._format import FRAME_HEADER_SIZE, FrameHeader, parse_frame_header, verify_frame
 
 __all__ = ("BLOCK_SIZE", "FrameBlock", "read_frames")

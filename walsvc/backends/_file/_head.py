@@ -28,7 +28,7 @@ from typing import Final, NamedTuple
 
 from crc32c import crc32c
 
-from ..._errors import CorruptRecord
+from walsvc.core._errors import CorruptRecord
 
 __all__ = ("HeadFile", "HeadState")
 

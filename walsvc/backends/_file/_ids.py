@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import final
 
-from ..._ids import SequenceMessageId
+from walsvc.core._ids import SequenceMessageId
 
 __all__ = ("FileMessageId",)
 

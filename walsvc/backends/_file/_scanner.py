@@ -9,13 +9,14 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from ..._budget import STEP, turn
-from ..._codec import decode_chunk, offset_after
-from ..._errors import BackendUnavailable, CorruptRecord, WALClosed, WALTruncated
-from ..._filter import Filter
-from ..._ids import MessageId
-from ..._message import ImmutableMessage
-from .._base import BackendScanner, EnvelopeRun
+from walsvc.backends._base import BackendScanner, EnvelopeRun
+from walsvc.core._budget import STEP, turn
+from walsvc.core._codec import decode_chunk, offset_after
+from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed, WALTruncated
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage
+
 from ._directory import HeadView
 from ._format import FrameHeader
 from ._frames import BLOCK_SIZE, FrameBlock, read_frames

@@ -21,8 +21,9 @@ import os
 from collections.abc import Callable
 from typing import Final
 
-from ..._codec import timetick_of
-from ..._errors import CorruptRecord
+from walsvc.core._codec import timetick_of
+from walsvc.core._errors import CorruptRecord
+
 from ._directory import LogDirectory
 from ._format import FRAME_HEADER_SIZE, MAGIC, FrameHeader, parse_frame_header, verify_frame
 

@@ -13,13 +13,8 @@ from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Final, TypeVar, final
 
-from ..._errors import (
-    BackendUnavailable,
-    SubscriptionBusy,
-    WALError,
-    WALReadOnly,
-)
-from ..._subscriptions import (
+from walsvc.core._errors import BackendUnavailable, SubscriptionBusy, WALError, WALReadOnly
+from walsvc.wal._subscriptions import (
     MAX_CHECKPOINT_BYTES,
     StoredSubscription,
     SubscriptionStore,
@@ -27,6 +22,7 @@ from ..._subscriptions import (
     encode_subscription,
     is_subscription_name,
 )
+
 from ._directory import fsync_directory
 
 __all__ = ("FileSubscriptionStore",)

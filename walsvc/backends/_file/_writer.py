@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
-from ..._codec import timetick_of
-from ..._errors import (
+from walsvc.core._codec import timetick_of
+from walsvc.core._errors import (
     AppendOutcomeUnknown,
     CorruptRecord,
     InvalidArgument,
@@ -46,6 +46,7 @@ from ..._errors import (
     WALError,
     WALFenced,
 )
+
 from ._directory import LogDirectory, fsync_directory
 from ._format import encode_frames
 from ._head import HeadState

@@ -31,11 +31,12 @@ from typing import Any, final
 
 from aiokafka.errors import KafkaError
 
-from ..._deliver import DeliverPolicy
-from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
-from ..._filter import Filter
-from ..._ids import MessageId
-from .._base import Backend, BackendScanner
+from walsvc.backends._base import Backend, BackendScanner
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+
 from ._batch import append_barrier
 from ._client import new_admin, new_producer, stop_quietly
 from ._ids import KafkaMessageId

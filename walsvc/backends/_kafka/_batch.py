@@ -21,8 +21,9 @@ from typing import Any, Final, NamedTuple
 from aiokafka.errors import KafkaError
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from ..._errors import BackendUnavailable
-from .._identity import WRITER, this_writer
+from walsvc.backends._identity import WRITER, this_writer
+from walsvc.core._errors import BackendUnavailable
+
 from ._ids import KafkaMessageId
 from ._options import KafkaOptions
 from ._records import BARRIER, Mark, data_headers, mark_record, split_envelope

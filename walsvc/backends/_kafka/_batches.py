@@ -23,7 +23,8 @@ from typing import Any, Final
 import crc32c as _crc32c
 from aiokafka.record.memory_records import MemoryRecords
 
-from ..._errors import CorruptRecord
+from walsvc.core._errors import CorruptRecord
+
 from ._records import ENVELOPE_HEADER, EXPECTED, expected_offset
 
 __all__ = ("Walked", "walk", "walk_batches_in_python")

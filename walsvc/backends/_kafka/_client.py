@@ -19,7 +19,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
-from ..._errors import BackendUnavailable
+from walsvc.core._errors import BackendUnavailable
+
 from ._options import KafkaOptions
 
 __all__ = (

@@ -27,7 +27,8 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError, for_code
 from aiokafka.protocol.fetch import FetchRequest
 
-from ..._errors import BackendUnavailable, WALClosed, WALTruncated
+from walsvc.core._errors import BackendUnavailable, WALClosed, WALTruncated
+
 from ._batches import Walked, walk
 from ._client import ms, start_client, stop_quietly
 from ._options import KafkaOptions

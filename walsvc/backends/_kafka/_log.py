@@ -14,8 +14,9 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
-from ..._codec import timetick_of
-from ..._errors import BackendUnavailable, WALTruncated
+from walsvc.core._codec import timetick_of
+from walsvc.core._errors import BackendUnavailable, WALTruncated
+
 from ._client import new_consumer, stop_quietly
 from ._options import KafkaOptions
 from ._records import Kind, classify, decode_mark

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
-from ..._errors import InvalidArgument
+from walsvc.core._errors import InvalidArgument
 
 __all__ = ("KafkaOptions", "parse_location", "parse_options")
 

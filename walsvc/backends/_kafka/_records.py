@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Final, NamedTuple
 
-from ..._codec import HEADER_SIZE
-from ..._errors import CorruptRecord
+from walsvc.core._codec import HEADER_SIZE
+from walsvc.core._errors import CorruptRecord
 
 __all__ = (
     "BARRIER",

@@ -13,13 +13,14 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from ..._budget import DECODE_COST, STEP, turn
-from ..._codec import decode_split
-from ..._errors import WALClosed
-from ..._filter import Filter
-from ..._ids import MessageId
-from ..._message import ImmutableMessage
-from .._base import BackendScanner
+from walsvc.backends._base import BackendScanner
+from walsvc.core._budget import DECODE_COST, STEP, turn
+from walsvc.core._codec import decode_split
+from walsvc.core._errors import WALClosed
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage
+
 from ._batches import Walked
 from ._fetch import PartitionFetcher
 from ._ids import KafkaMessageId
@@ -113,7 +114,7 @@ class KafkaScanner(BackendScanner):
                     self._position = self._end
                     continue
                 self._pending, self._taken = got, 0
-            # A response is decoded a step at a time (see walsvc._budget).
+            # A response is decoded a step at a time (see walsvc.core._budget).
             budget = await turn()
             if self._closed:
                 raise WALClosed("scanner is closed")

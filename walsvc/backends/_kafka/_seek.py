@@ -21,8 +21,9 @@ record below it, so that a read from it always holds the newest message of the l
 
 from __future__ import annotations
 
-from ..._codec import timetick_of
-from ..._deliver import DeliverPolicy
+from walsvc.core._codec import timetick_of
+from walsvc.core._deliver import DeliverPolicy
+
 from ._fetch import PartitionFetcher
 from ._ids import KafkaMessageId
 from ._log import LogReader

@@ -44,14 +44,15 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from aiokafka.protocol.commit import OffsetCommitRequest
 
-from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
-from ..._subscriptions import (
+from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
+from walsvc.wal._subscriptions import (
     StoredSubscription,
     SubscriptionStore,
     check_subscription_name,
     decode_subscription,
     encode_subscription,
 )
+
 from ._client import new_admin, new_producer, stop_quietly
 from ._ids import KafkaMessageId
 from ._log import LogReader

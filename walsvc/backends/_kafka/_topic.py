@@ -11,7 +11,7 @@ from typing import Any, Final
 from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError
 
-from ..._errors import BackendUnavailable, InvalidArgument
+from walsvc.core._errors import BackendUnavailable, InvalidArgument
 
 __all__ = ("check_partitions", "ensure_topic", "topic_exists")
 

@@ -42,7 +42,8 @@ from typing import Any, Final
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from ..._errors import (
+from walsvc.backends._identity import WRITER, named_writer
+from walsvc.core._errors import (
     AppendOutcomeUnknown,
     BackendUnavailable,
     MessageTooLarge,
@@ -51,7 +52,7 @@ from ..._errors import (
     WALFenced,
     WALTruncated,
 )
-from .._identity import WRITER, named_writer
+
 from ._batch import Landed, Pending, build, holds, send
 from ._client import stop_quietly
 from ._ids import KafkaMessageId

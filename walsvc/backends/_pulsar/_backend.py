@@ -37,12 +37,13 @@ from typing import Any, final
 import pulsar.asyncio as pulsar_asyncio
 from pulsar import _pulsar
 
-from ..._deliver import DeliverPolicy
-from ..._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
-from ..._filter import Filter
-from ..._ids import MessageId
-from .._base import Backend, BackendScanner
-from .._identity import WRITER, this_writer
+from walsvc.backends._base import Backend, BackendScanner
+from walsvc.backends._identity import WRITER, this_writer
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALClosed, WALReadOnly
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+
 from ._client import PULSAR_ERRORS, Options, call_async, connect, parse_options, translate
 from ._ids import PulsarMessageId
 from ._log import STOP_WITHIN, TailTracker, close_quietly

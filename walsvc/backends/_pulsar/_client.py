@@ -18,7 +18,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 from pulsar import _pulsar
 
-from ..._errors import (
+from walsvc.core._errors import (
     BackendUnavailable,
     CorruptRecord,
     InvalidArgument,
@@ -27,6 +27,7 @@ from ..._errors import (
     WALError,
     WALFenced,
 )
+
 from ._ids import PulsarMessageId
 
 __all__ = (

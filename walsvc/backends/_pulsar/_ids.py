@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
-from ..._errors import CorruptRecord
-from ..._ids import MessageId
+from walsvc.core._errors import CorruptRecord
+from walsvc.core._ids import MessageId
 
 if TYPE_CHECKING:
     from typing import Self

@@ -19,7 +19,8 @@ from typing import Any, Final, final
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from ..._errors import BackendUnavailable, CorruptRecord, WALClosed
+from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed
+
 from ._client import PULSAR_ERRORS, pulsar_id, translate
 from ._ids import PulsarMessageId
 from ._reader import BATCH, OrderedReader

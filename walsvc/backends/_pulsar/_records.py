@@ -27,8 +27,9 @@ import struct
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple, final
 
-from ..._errors import CorruptRecord
-from .._identity import WRITER
+from walsvc.backends._identity import WRITER
+from walsvc.core._errors import CorruptRecord
+
 from ._ids import PulsarMessageId
 
 __all__ = (

@@ -22,13 +22,14 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final
 
-from ..._budget import CACHED_COST, DECODE_COST, STEP, turn
-from ..._codec import decode_split
-from ..._deliver import DeliverPolicy
-from ..._errors import BackendUnavailable, CorruptRecord, WALClosed, WALError
-from ..._filter import Filter
-from ..._message import ImmutableMessage
-from .._base import BackendScanner
+from walsvc.backends._base import BackendScanner
+from walsvc.core._budget import CACHED_COST, DECODE_COST, STEP, turn
+from walsvc.core._codec import decode_split
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed, WALError
+from walsvc.core._filter import Filter
+from walsvc.core._message import ImmutableMessage
+
 from ._ids import PulsarMessageId
 from ._log import (
     EARLIEST,
@@ -73,7 +74,7 @@ class PulsarScanner(BackendScanner):
         if self._closed:
             raise WALClosed("scanner is closed")
         # What the reading task decoded is handed over a step at a time too: the stages
-        # after the scanner handle each message (see walsvc._budget).
+        # after the scanner handle each message (see walsvc.core._budget).
         budget = await turn()
         item = await self._queue.get()
         if item is _CLOSED:
@@ -84,7 +85,7 @@ class PulsarScanner(BackendScanner):
             raise item
         assert isinstance(item, list)
         batch: list[ImmutableMessage] = item
-        # Up to a step of what the reading task queued (see walsvc._budget).
+        # Up to a step of what the reading task queued (see walsvc.core._budget).
         while not self._queue.empty() and len(batch) < STEP // DECODE_COST:
             more = self._queue.get_nowait()
             if not isinstance(more, list):
@@ -114,7 +115,7 @@ class PulsarScanner(BackendScanner):
             step = STEP // DECODE_COST
             while True:
                 # The links are validated and decoded a step at a time (see
-                # walsvc._budget), each step queued on its own.
+                # walsvc.core._budget), each step queued on its own.
                 for start in range(0, len(links), step):
                     budget = await turn()
                     batch: list[ImmutableMessage] = []

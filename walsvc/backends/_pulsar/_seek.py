@@ -24,8 +24,9 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..._deliver import DeliverPolicy
-from ..._errors import BackendUnavailable
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import BackendUnavailable
+
 from ._ids import PulsarMessageId
 from ._log import ForwardRead, last_entry
 from ._records import ChainValidator, Link

@@ -43,14 +43,15 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Final, final
 
-from ..._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
-from ..._subscriptions import (
+from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
+from walsvc.wal._subscriptions import (
     StoredSubscription,
     SubscriptionStore,
     check_subscription_name,
     decode_subscription,
     encode_subscription,
 )
+
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId
 from ._log import EARLIEST, STALL, STOP_WITHIN, close_quietly, create_reader, last_entry

@@ -50,7 +50,8 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final
 
-from ..._errors import (
+from walsvc.backends._identity import named_writer
+from walsvc.core._errors import (
     AppendOutcomeUnknown,
     BackendUnavailable,
     CorruptRecord,
@@ -59,7 +60,7 @@ from ..._errors import (
     WALError,
     WALFenced,
 )
-from .._identity import named_writer
+
 from ._client import PULSAR_ERRORS
 from ._ids import PulsarMessageId
 from ._log import ForwardRead, last_entry

@@ -29,18 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, final
 
-from . import (
-    WAL,
-    DeliverPolicy,
-    Filter,
-    ImmutableMessage,
-    Message,
-    MessageId,
-    SequenceMessageId,
-    WALError,
-    WALTruncated,
-    open_wal,
-)
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import WALError, WALTruncated
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId, SequenceMessageId
+from walsvc.core._message import ImmutableMessage, Message
+from walsvc.wal._open import open_wal
+from walsvc.wal._wal import WAL
+
 from ._check_command import add_check_parser, run_check_command
 from ._cli_args import UsageError, int_at_least
 from ._flush_command import add_flush_parser, run_flush_command

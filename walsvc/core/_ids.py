@@ -98,7 +98,9 @@ def unmarshal_message_id(text: str) -> MessageId:
     Raises ``CorruptRecord`` if the text is not a marshalled id, and ``UnknownBackend`` if
     no backend is registered for its scheme.
     """
-    from ._registry import backend_class  # the registry imports backends, which import ids
+    from walsvc.wal._registry import (
+        backend_class,  # the registry imports backends, which import ids
+    )
 
     scheme, sep, position = text.partition(":")
     if not sep or not scheme:

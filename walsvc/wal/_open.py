@@ -6,12 +6,13 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ._chain import ChainMember
-from ._errors import InvalidArgument, UnknownBackend
+from walsvc.backends import Backend
+from walsvc.core._chain import ChainMember
+from walsvc.core._errors import InvalidArgument, UnknownBackend
+from walsvc.core._timetick import HybridClock, TimetickAllocator
+
 from ._registry import backend_class
-from ._timetick import HybridClock, TimetickAllocator
 from ._wal import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TAIL_CACHE_AGE, DEFAULT_TAIL_CACHE_BYTES, WAL
-from .backends import Backend
 
 __all__ = ("open_wal",)
 

@@ -46,13 +46,19 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from ._deliver import DeliverPolicy
-from ._errors import CorruptRecord, InvalidArgument, RoutingMismatch, WALFenced, WALTruncated
-from ._filter import Filter
-from ._message import Message
-from ._open import open_wal
-from ._timetick import TimetickAllocator
-from ._wal import WAL
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import (
+    CorruptRecord,
+    InvalidArgument,
+    RoutingMismatch,
+    WALFenced,
+    WALTruncated,
+)
+from walsvc.core._filter import Filter
+from walsvc.core._message import Message
+from walsvc.core._timetick import TimetickAllocator
+from walsvc.wal._open import open_wal
+from walsvc.wal._wal import WAL
 
 __all__ = (
     "HASHES",
@@ -112,7 +118,7 @@ class Routing(msgspec.Struct, frozen=True):
     """Version ``version`` of the vchannel -> pchannel mapping of a ``walsvc.Node``.
 
     ``pchannels`` are the buckets, in order (the order is part of the mapping); ``hash``
-    names the mapping (``"jump-blake2b-v1"``, specified in ``walsvc._routing``). ``pins``
+    names the mapping (``"jump-blake2b-v1"``, specified in ``walsvc.node._routing``). ``pins``
     are ``(vchannel, pchannel)`` pairs (a mapping is accepted too), kept sorted by
     vchannel: a pinned vchannel goes to its pchannel, which must be one of ``pchannels``,
     whatever its hash says; the broadcast vchannel ``""`` cannot be pinned. With pins,

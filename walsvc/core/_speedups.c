@@ -1,15 +1,15 @@
-/* walsvc._speedups: compiled forms of walsvc's hot per-record loops (the column-wise
- * header walk of walsvc._columns, a batch encoder, two Arrow column builders).
+/* walsvc.core._speedups: compiled forms of walsvc's hot per-record loops (the column-wise
+ * header walk of walsvc.core._columns, a batch encoder, two Arrow column builders).
  *
  * decode_columns_into(data, start, end, types, vchannels, timeticks, terms, exts,
  *                     payload_starts, ends, known_types, names, unpack_header, corrupt)
  *
- * does exactly what the loop of walsvc._columns.walk_columns does, record by record,
+ * does exactly what the loop of walsvc.core._columns.walk_columns does, record by record,
  * appending to the seven lists it is given; it exists because that loop costs about
  * 1.6 us of CPU per record in Python and this one about 0.15 us (the Spark reader's
  * budget: issue 6). Everything that needs judgement stays in Python: a record whose
  * header fails a check, or whose type is not in known_types, is handed to
- * unpack_header(data, offset, end) (walsvc._codec._unpack_header), which raises the
+ * unpack_header(data, offset, end) (walsvc.core._codec._unpack_header), which raises the
  * CorruptRecord naming the fault (or accepts an application-defined type); a vchannel
  * name not in `names` (the caller's cache: vchannel hash -> (UTF-8 name, name), kept
  * across runs) is validated and decoded by the same call, then added to it.
@@ -24,7 +24,7 @@
  * encode_plain_batch(messages, first_tick, term, ext, limit, names, resolve) -> list | None
  *
  * lays out message i of `messages` (walsvc.Message objects without properties, key or
- * txn) as walsvc._codec.encode_plain does with timetick first_tick + i, `term` and the
+ * txn) as walsvc.core._codec.encode_plain does with timetick first_tick + i, `term` and the
  * shared ext section `ext`: the envelopes of a batch appended by the WAL. `names` is
  * encode_plain's cache (vchannel -> (UTF-8 name, hash)); a name missing from it is
  * looked up with resolve(vchannel), which fills it. Returns None, encoding nothing, if
@@ -58,7 +58,7 @@
  *
  * match_hashes(data, start, end, hashes, units, extra) -> (matches, offset, examined, units)
  *
- * the header walk of walsvc._codec.decode_chunk for a vchannel-only filter: steps over
+ * the header walk of walsvc.core._codec.decode_chunk for a vchannel-only filter: steps over
  * envelopes from `start` while `units` last (each envelope examined costs 1, each one
  * whose vchannel hash is in the int collection `hashes` `extra` more) and returns the
  * flat list [offset, length, index, ...] of the matching envelopes (index: count of
@@ -711,7 +711,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode_columns_into", decode_columns_into, METH_VARARGS,
-     "The loop of walsvc._codec.decode_columns, compiled (see the module comment)."},
+     "The loop of walsvc.core._codec.decode_columns, compiled (see the module comment)."},
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
      "The envelopes of a batch of plain messages, see the module comment."},
     {"encode_plain_one", (PyCFunction)(void (*)(void))encode_plain_one, METH_FASTCALL,
@@ -731,8 +731,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
-    .m_name = "walsvc._speedups",
-    .m_doc = "Compiled hot loops of walsvc._codec (optional: walsvc runs without them).",
+    .m_name = "walsvc.core._speedups",
+    .m_doc = "Compiled hot loops of walsvc.core._codec (optional: walsvc runs without them).",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -13,12 +13,16 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Final, final
 
-from ._deliver import DeliverPolicy
-from ._errors import InvalidArgument, InvalidMessage, WALClosed
-from ._filter import Filter
-from ._message import SYSTEM_TYPES, AppendResult, Message
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import InvalidArgument, InvalidMessage, WALClosed
+from walsvc.core._filter import Filter
+from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message
+from walsvc.core._timetick import HybridClock, TimetickAllocator
+from walsvc.wal._open import _PCHANNEL, open_wal
+from walsvc.wal._wal import WAL
+from walsvc.write._txn import Txn
+
 from ._node_scanner import NodeScanner
-from ._open import _PCHANNEL, open_wal
 from ._routing import (
     ROUTING_PCHANNEL,
     Routing,
@@ -29,9 +33,6 @@ from ._routing import (
     store_routing,
     take_cuts,
 )
-from ._timetick import HybridClock, TimetickAllocator
-from ._txn import Txn
-from ._wal import WAL
 
 __all__ = ("Node", "open_node")
 

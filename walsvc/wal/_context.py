@@ -1,6 +1,6 @@
 """The WAL as its interceptors see it: ``InterceptorContext`` over one ``WAL``.
 
-A friend of ``walsvc._wal.WAL``: it reads and updates the writer's state (ticks and the
+A friend of ``walsvc.wal._wal.WAL``: it reads and updates the writer's state (ticks and the
 last-confirmed pins of its ``SerializationPoint``, tick listeners, the tail cache) that
 the WAL keeps private from everybody else.
 """
@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final, final
 
-from ._chain import InterceptorContext, TickListener
-from ._deliver import DeliverPolicy
-from ._errors import WALReadOnly
-from ._filter import Filter
-from ._ids import MessageId
-from ._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.core._chain import InterceptorContext, TickListener
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import WALReadOnly
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message, MessageType
 
 if TYPE_CHECKING:
-    from ._scanner import Scanner
+    from walsvc.read._scanner import Scanner
+
     from ._wal import WAL
 
 __all__ = ("WALContext",)

@@ -30,16 +30,16 @@ import msgspec
 
 from scanners._reorder import ReorderBuffer
 from scanners._txn_buffer import TxnBuffer
+from walsvc.core._deliver import Checkpoint, DeliverPolicy
+from walsvc.core._errors import InvalidArgument, WALClosed
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage, MessageType
 
-from ._deliver import Checkpoint, DeliverPolicy
-from ._errors import InvalidArgument, WALClosed
-from ._filter import Filter
-from ._ids import MessageId
-from ._message import ImmutableMessage, MessageType
 from ._source import LogSource
 
 if TYPE_CHECKING:
-    from ._subscriptions import CheckpointWriter, SubscriptionScope, SubscriptionStore
+    from walsvc.wal._subscriptions import CheckpointWriter, SubscriptionScope, SubscriptionStore
 
 __all__ = ("Scanner", "ScannerStats", "Subscription")
 
@@ -183,7 +183,7 @@ class Scanner:
         )
 
     async def _start_subscription(self, subscription: Subscription) -> LogSource:
-        from ._subscriptions import CheckpointWriter, check_scope
+        from walsvc.wal._subscriptions import CheckpointWriter, check_scope
 
         stored = await subscription.store.load_stored(subscription.name)
         if self._user_closed or self._wal_closed:

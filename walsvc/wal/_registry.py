@@ -11,8 +11,8 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Final
 
-from ._errors import InvalidArgument, UnknownBackend
-from .backends import Backend
+from walsvc.backends import Backend
+from walsvc.core._errors import InvalidArgument, UnknownBackend
 
 __all__ = ("backend_class", "known_schemes", "register_backend")
 

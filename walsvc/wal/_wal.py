@@ -2,8 +2,8 @@
 
 The path of an append: ``append`` checks the WAL is writable and the message is a user
 message, waits (once) for the interceptors to be ready, then runs the interceptor chain
-(concurrent plain appends together, as one batch: see ``walsvc._coalesce``).
-The chain ends at the serialization point (``walsvc._serialization``), which in one
+(concurrent plain appends together, as one batch: see ``walsvc.write._coalesce``).
+The chain ends at the serialization point (``walsvc.write._serialization``), which in one
 synchronous step allocates the timetick, takes the last-confirmed id, encodes the
 envelope and hands it to the backend, whose ``append`` call orders the log: log order
 equals timetick order.
@@ -18,8 +18,8 @@ from types import TracebackType
 from typing import Final, final
 
 from scanners._tail_cache import CacheStats, TailCache
-
-from ._chain import (
+from walsvc.backends import Backend
+from walsvc.core._chain import (
     AppendNext,
     ChainMember,
     ClosingInterceptor,
@@ -32,10 +32,8 @@ from ._chain import (
     is_plain,
     plain_admitters,
 )
-from ._coalesce import AppendCoalescer
-from ._context import WALContext
-from ._deliver import DeliverPolicy
-from ._errors import (
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import (
     InvalidArgument,
     InvalidMessage,
     WALClosed,
@@ -43,23 +41,19 @@ from ._errors import (
     WALReadOnly,
     WALTruncated,
 )
-from ._filter import Filter
-from ._ids import MessageId
-from ._message import (
-    SYSTEM_TYPES,
-    AppendResult,
-    Message,
-    MessageType,
-    TxnContext,
-)
-from ._scanner import Scanner, Subscription
-from ._serialization import SerializationPoint
-from ._source import LogSource
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message, MessageType, TxnContext
+from walsvc.core._timetick import TimetickAllocator
+from walsvc.read._scanner import Scanner, Subscription
+from walsvc.read._source import LogSource
+from walsvc.write._coalesce import AppendCoalescer
+from walsvc.write._serialization import SerializationPoint
+from walsvc.write._txn import Txn
+
+from ._context import WALContext
 from ._subscriptions import SubscriptionScope
-from ._timetick import TimetickAllocator
-from ._txn import Txn
 from ._txn_replay import read_committed_txn
-from .backends import Backend
 
 __all__ = (
     "DEFAULT_MAX_MESSAGE_SIZE",

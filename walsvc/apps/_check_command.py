@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Any
 
-from ._errors import CorruptRecord, InvalidArgument, WALError
-from .backends._file._check import CheckReport, RepairReport, check, repair
+from walsvc.backends._file._check import CheckReport, RepairReport, check, repair
+from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError
 
 __all__ = ("add_check_parser", "run_check_command")
 

@@ -158,7 +158,7 @@ def encode_plain_message(
     """``encode_plain`` of ``message`` (one without properties, key or txn) with the given
     system fields: the envelope of a single append. None if it would pass ``limit`` bytes
     (``encode_plain`` then tells by how much). Compiled when walsvc was built with
-    ``walsvc/_speedups.c``."""
+    ``walsvc/core/_speedups.c``."""
     encode_one = _compiled.encode_plain_one
     if encode_one is not None:
         return encode_one(message, timetick, term, ext, limit, _vchannel_utf8, _vchannel_entry)
@@ -172,7 +172,7 @@ def encode_plain_many(
     """``encode_plain`` of each message (none with properties, key or txn), message i
     with tick ``first_tick + i``: the envelopes of a batch the WAL appends. None if one
     would pass ``limit`` bytes (encode them one by one to learn which). Compiled when
-    walsvc was built with ``walsvc/_speedups.c``."""
+    walsvc was built with ``walsvc/core/_speedups.c``."""
     if _compiled.encode_plain_batch is not None:
         return _compiled.encode_plain_batch(
             messages, first_tick, term, ext, limit, _vchannel_utf8, _vchannel_entry
@@ -190,7 +190,7 @@ def are_plain(messages: list[Message], max_payload: int) -> bool:
     """True if every message is a ``Message`` itself (not a subclass) with no properties,
     key or txn and a payload of at most ``max_payload`` bytes: a batch
     ``encode_plain_many`` takes. Compiled when walsvc was built with
-    ``walsvc/_speedups.c``."""
+    ``walsvc/core/_speedups.c``."""
     if _compiled.are_plain is not None:
         return _compiled.are_plain(messages, max_payload)
     for message in messages:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from ._deliver import DeliverPolicy
-from ._errors import CorruptRecord, WALClosed, WALTruncated
-from ._filter import Filter
-from ._ids import MessageId
-from ._message import AppendResult, ImmutableMessage, MessageType, TxnContext
-from ._scanner import Scanner
-from ._txn import TxnReplay
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import CorruptRecord, WALClosed, WALTruncated
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import AppendResult, ImmutableMessage, MessageType, TxnContext
+from walsvc.read._scanner import Scanner
+from walsvc.write._txn import TxnReplay
 
 __all__ = ("CommittedTxn", "read_committed_txn")
 

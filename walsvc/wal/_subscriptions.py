@@ -25,8 +25,8 @@ from typing import Final, TypeVar, final
 import msgspec
 from crc32c import crc32c
 
-from ._deliver import Checkpoint
-from ._errors import (
+from walsvc.core._deliver import Checkpoint
+from walsvc.core._errors import (
     BackendUnavailable,
     CorruptRecord,
     InvalidArgument,
@@ -35,8 +35,8 @@ from ._errors import (
     WALClosed,
     WALError,
 )
-from ._filter import Filter
-from ._message import MessageType
+from walsvc.core._filter import Filter
+from walsvc.core._message import MessageType
 
 __all__ = (
     "MAX_CHECKPOINT_BYTES",

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Final, NamedTuple, final
 
-from ._errors import InvalidArgument, InvalidMessage, TxnError, TxnNotActive
-from ._message import AppendResult, Message, MessageType, TxnContext
+from walsvc.core._errors import InvalidArgument, InvalidMessage, TxnError, TxnNotActive
+from walsvc.core._message import AppendResult, Message, MessageType, TxnContext
 
 __all__ = ("Txn", "TxnReplay", "TxnState")
 

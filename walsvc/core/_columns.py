@@ -1,7 +1,7 @@
 """Column-wise reading of envelope runs, for readers that build columns (the Spark data
 source) rather than messages: the header fields of a run as one list per field, and a
 run's payloads as the buffers of one Arrow binary column. The loops are compiled when
-walsvc was built with ``walsvc/_speedups.c`` (``walsvc._compiled``), else run in Python.
+walsvc was built with ``walsvc/core/_speedups.c`` (``walsvc.core._compiled``), else run in Python.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def decode_columns(
     column, with the checks of ``decode_run``; payloads are not touched. Raises
     ``CorruptRecord`` if the run is not a whole number of valid envelopes.
 
-    Runs the compiled walk (``walsvc/_speedups.c``) when walsvc was built with it, else
+    Runs the compiled walk (``walsvc/core/_speedups.c``) when walsvc was built with it, else
     ``walk_columns``: the same loop in Python, about ten times slower."""
     if end is None:
         end = len(data)
@@ -142,7 +142,7 @@ def gather_payloads(
     """The payloads ``data[payload_starts[i]:ends[i]]`` of a run (see ``HeaderColumns``) as
     the two buffers of an Arrow binary column: n + 1 int32 offsets (native byte order)
     and the payloads end to end. Compiled when walsvc was built with
-    ``walsvc/_speedups.c``."""
+    ``walsvc/core/_speedups.c``."""
     if _compiled.gather_payloads is not None:
         return _compiled.gather_payloads(data, payload_starts, ends)
     view = memoryview(data)

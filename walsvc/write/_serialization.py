@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, final
 
 from scanners._tail_cache import TailCache
-
-from ._codec import (
+from walsvc.backends import Backend
+from walsvc.core._codec import (
     HEADER_SIZE,
     are_plain,
     encode,
@@ -32,11 +32,10 @@ from ._codec import (
     encode_plain_message,
     last_confirmed_ext,
 )
-from ._errors import AppendOutcomeUnknown, MessageTooLarge, WALError
-from ._ids import MessageId
-from ._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message
-from ._timetick import TimetickAllocator
-from .backends import Backend
+from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge, WALError
+from walsvc.core._ids import MessageId
+from walsvc.core._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message
+from walsvc.core._timetick import TimetickAllocator
 
 __all__ = ("CONFIRM_STEP", "SerializationPoint")
 

@@ -23,9 +23,9 @@ import asyncio
 import collections
 from typing import final
 
-from ._chain import AppendBatchNext, AppendNext
-from ._errors import AppendOutcomeUnknown, MessageTooLarge
-from ._message import AppendResult, Message
+from walsvc.core._chain import AppendBatchNext, AppendNext
+from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge
+from walsvc.core._message import AppendResult, Message
 
 __all__ = ("AppendCoalescer",)
 

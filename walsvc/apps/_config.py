@@ -75,10 +75,10 @@ from typing import Annotated, Any, Final, Literal, NoReturn
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ._errors import InvalidArgument, WALError
-from ._node import Node, open_node
-from ._open import open_wal
-from ._wal import WAL
+from walsvc.core._errors import InvalidArgument, WALError
+from walsvc.node._node import Node, open_node
+from walsvc.wal._open import open_wal
+from walsvc.wal._wal import WAL
 
 __all__ = (
     "BACKEND_PRIORITY",

@@ -24,14 +24,13 @@ from collections.abc import Callable, Sequence
 from typing import Literal, final
 
 from scanners._tail_cache import TailCache
-
-from ._budget import CACHED_COST, STEP, turn
-from ._deliver import DeliverPolicy
-from ._errors import WALClosed
-from ._filter import Filter
-from ._ids import MessageId
-from ._message import ImmutableMessage
-from .backends import Backend, BackendScanner
+from walsvc.backends import Backend, BackendScanner
+from walsvc.core._budget import CACHED_COST, STEP, turn
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import WALClosed
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId
+from walsvc.core._message import ImmutableMessage
 
 __all__ = ("LogSource",)
 

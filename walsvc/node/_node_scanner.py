@@ -8,13 +8,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from types import TracebackType
 from typing import Final, final
 
-from ._deliver import DeliverPolicy
-from ._filter import Filter
-from ._ids import MessageId, unmarshal_message_id
-from ._message import ImmutableMessage, MessageType
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._filter import Filter
+from walsvc.core._ids import MessageId, unmarshal_message_id
+from walsvc.core._message import ImmutableMessage, MessageType
+from walsvc.read._scanner import Scanner
+from walsvc.wal._wal import WAL
+
 from ._routing import Cut, Stretch
-from ._scanner import Scanner
-from ._wal import WAL
 
 __all__ = ("NodeScanner",)
 

@@ -1,4 +1,4 @@
-"""The loops compiled from ``walsvc/_speedups.c``, each None when walsvc was built without
+"""The loops compiled from ``walsvc/core/_speedups.c``, each None when walsvc was built without
 a C compiler: callers then run the same loop in Python (see each caller)."""
 
 from __future__ import annotations

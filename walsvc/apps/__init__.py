@@ -1,0 +1,1 @@
+"""walsvc.apps: see ARCHITECTURE.md."""

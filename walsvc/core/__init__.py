@@ -1,0 +1,1 @@
+"""walsvc.core: see ARCHITECTURE.md."""

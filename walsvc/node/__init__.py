@@ -1,0 +1,1 @@
+"""walsvc.node: see ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""walsvc.read: see ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""walsvc.wal: see ARCHITECTURE.md."""

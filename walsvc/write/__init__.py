@@ -1,0 +1,1 @@
+"""walsvc.write: see ARCHITECTURE.md."""
