@@ -6,7 +6,7 @@ import pytest
 
 import walsvc
 from walsvc import Checkpoint, Filter, MessageId, MessageType
-from walsvc.wal._subscriptions import StoredSubscription, SubscriptionScope, SubscriptionStore
+from walsvc.backends._subscriptions import StoredSubscription, SubscriptionScope, SubscriptionStore
 
 __all__ = ("store_round_trip",)
 

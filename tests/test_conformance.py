@@ -17,8 +17,8 @@ import walsvc
 from walsvc import DeliverPolicy, Filter, ImmutableMessage, MessageId
 from walsvc.backends import Backend, BackendScanner
 from walsvc.backends._memory import MemoryBackend, MemoryMessageId
+from walsvc.backends._subscriptions import SubscriptionStore
 from walsvc.testing import check_backend, check_truncation, memory_wal
-from walsvc.wal._subscriptions import SubscriptionStore
 
 Opener = Callable[..., Awaitable[walsvc.WAL]]
 

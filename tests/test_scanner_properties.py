@@ -68,7 +68,7 @@ import scanners
 import walsvc
 from interceptors import TimetickSync
 from walsvc import DeliverPolicy, ImmutableMessage, Message, MessageType
-from walsvc.wal._subscriptions import SubscriptionStore
+from walsvc.backends._subscriptions import SubscriptionStore
 
 _VCHANNELS: Final = ("v1", "v2", "")
 _READ: Final[tuple[str | None, ...]] = ("v1", "v2", None)  # None: a reader without filter

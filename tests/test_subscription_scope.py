@@ -16,7 +16,7 @@ from crc32c import crc32c
 
 import walsvc
 from walsvc import Filter, Message, MessageType, SubscriptionBusy, SubscriptionMismatch, WALClosed
-from walsvc.wal._subscriptions import StoredSubscription, SubscriptionScope
+from walsvc.backends._subscriptions import StoredSubscription, SubscriptionScope
 
 
 async def _append(wal: walsvc.WAL, vchannel: str, count: int) -> None:

@@ -34,13 +34,10 @@ from walsvc import (
 )
 from walsvc.backends import Backend
 from walsvc.backends._file._subscriptions import FileSubscriptionStore
+from walsvc.backends._memory import MemorySubscriptionStore
+from walsvc.backends._subscriptions import StoredSubscription, SubscriptionStore
 from walsvc.core._errors import SubscriptionBusy
-from walsvc.wal._subscriptions import (
-    CheckpointWriter,
-    MemorySubscriptionStore,
-    StoredSubscription,
-    SubscriptionStore,
-)
+from walsvc.read._checkpoints import CheckpointWriter
 
 INVALID_NAMES = ["", "-a", ".a", "_a", "a/b", "../a", "a b", "a\n", "é", "a" * 201, "a:b"]
 VALID_NAMES = ["a", "0", "a" * 200, "Sub-1.two_3", "x.tmp"]

@@ -17,7 +17,7 @@ from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage
 
 if TYPE_CHECKING:
-    from walsvc.wal._subscriptions import SubscriptionStore
+    from walsvc.backends._subscriptions import SubscriptionStore
 
 __all__ = ("Backend", "BackendScanner", "EnvelopeRun", "RunScanner")
 

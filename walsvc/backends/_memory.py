@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections.abc import Generator, Mapping, Sequence
-from typing import Any, final
+from typing import Any, Final, final
 
 from walsvc.core._budget import DECODE_COST, STEP, turn
 from walsvc.core._codec import decode_run, timetick_of
@@ -19,11 +19,11 @@ from walsvc.core._errors import InvalidArgument, WALClosed, WALFenced, WALTrunca
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId, SequenceMessageId
 from walsvc.core._message import ImmutableMessage
-from walsvc.wal._subscriptions import MemorySubscriptionStore
 
 from ._base import Backend, BackendScanner
+from ._subscriptions import StoredSubscription, SubscriptionStore
 
-__all__ = ("MemoryBackend", "MemoryMessageId", "backend_class")
+__all__ = ("MemoryBackend", "MemoryMessageId", "MemorySubscriptionStore", "backend_class")
 
 
 @final
@@ -279,3 +279,34 @@ def _seq_of(message_id: MessageId | None) -> int:
 
 
 backend_class = MemoryBackend
+
+
+# ---------------------------------------------------------------------------------------
+# Subscriptions
+
+_stored_subscriptions: Final[dict[tuple[str, str], dict[str, StoredSubscription]]] = {}
+
+
+@final
+class MemorySubscriptionStore(SubscriptionStore):
+    """Subscriptions of a ``memory://`` pchannel. Like the memory logs they live for the
+    life of the process, keyed by (location, pchannel), so a WAL reopened on the same URL
+    sees them."""
+
+    __slots__ = ("_stored",)
+
+    def __init__(self, location: str, pchannel: str) -> None:
+        super().__init__(("memory", location, pchannel))
+        self._stored = _stored_subscriptions.setdefault((location, pchannel), {})
+
+    async def _load(self, name: str) -> StoredSubscription | None:
+        return self._stored.get(name)
+
+    async def _save(self, name: str, stored: StoredSubscription) -> None:
+        self._stored[name] = stored
+
+    async def _delete(self, name: str) -> None:
+        self._stored.pop(name, None)
+
+    async def _names(self) -> list[str]:
+        return list(self._stored)

@@ -8,16 +8,17 @@ backend lazily through the registry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 
-from ._errors import CorruptRecord
+from ._errors import CorruptRecord, UnknownBackend
 
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ("MessageId", "SequenceMessageId", "unmarshal_message_id")
+__all__ = ("MessageId", "SequenceMessageId", "resolve_schemes_with", "unmarshal_message_id")
 
 
 class MessageId:
@@ -98,11 +99,22 @@ def unmarshal_message_id(text: str) -> MessageId:
     Raises ``CorruptRecord`` if the text is not a marshalled id, and ``UnknownBackend`` if
     no backend is registered for its scheme.
     """
-    from walsvc.wal._registry import (
-        backend_class,  # the registry imports backends, which import ids
-    )
-
     scheme, sep, position = text.partition(":")
     if not sep or not scheme:
         raise CorruptRecord(f"{text!r} is not a marshalled message id (expected 'scheme:pos')")
-    return backend_class(scheme).message_id_class.from_position(position)
+    if _id_class_of is None:
+        raise UnknownBackend(f"no backend registry is loaded to read {scheme}:// ids")
+    return _id_class_of(scheme).from_position(position)
+
+
+#: Maps a URL scheme to its backend's id class; installed by the backend registry
+#: (``walsvc.backends._registry``), which sits above this module and loads backends.
+_id_class_of: Callable[[str], type[MessageId]] | None = None
+
+
+def resolve_schemes_with(id_class_of: Callable[[str], type[MessageId]]) -> None:
+    """Make ``unmarshal_message_id`` find a scheme's id class with ``id_class_of`` (which
+    raises ``UnknownBackend`` for a scheme without a backend). The backend registry calls
+    this when it is imported."""
+    global _id_class_of
+    _id_class_of = id_class_of

@@ -24,22 +24,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Literal, final
+from typing import Final, Literal, final
 
 import msgspec
 
 from scanners._reorder import ReorderBuffer
 from scanners._txn_buffer import TxnBuffer
+from walsvc.backends._subscriptions import SubscriptionScope, SubscriptionStore, check_scope
 from walsvc.core._deliver import Checkpoint, DeliverPolicy
 from walsvc.core._errors import InvalidArgument, WALClosed
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage, MessageType
 
+from ._checkpoints import CheckpointWriter
 from ._source import LogSource
-
-if TYPE_CHECKING:
-    from walsvc.wal._subscriptions import CheckpointWriter, SubscriptionScope, SubscriptionStore
 
 __all__ = ("Scanner", "ScannerStats", "Subscription")
 
@@ -183,8 +182,6 @@ class Scanner:
         )
 
     async def _start_subscription(self, subscription: Subscription) -> LogSource:
-        from walsvc.wal._subscriptions import CheckpointWriter, check_scope
-
         stored = await subscription.store.load_stored(subscription.name)
         if self._user_closed or self._wal_closed:
             # Closed while loading: the close released the claim and had nothing to

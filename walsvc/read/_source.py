@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal, final
 
 from scanners._tail_cache import TailCache
-from walsvc.backends import Backend, BackendScanner
+from walsvc.backends._base import Backend, BackendScanner
 from walsvc.core._budget import CACHED_COST, STEP, turn
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import WALClosed

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
-from scanners import ReorderBuffer, TxnBuffer
+from scanners._reorder import ReorderBuffer
+from scanners._txn_buffer import TxnBuffer
 from walsvc.backends._base import RunScanner
 from walsvc.core._codec import decode, ext_fields
 from walsvc.core._columns import HeaderColumns, decode_columns

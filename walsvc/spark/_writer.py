@@ -90,6 +90,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from interceptors._dedup import Dedup
+from interceptors._default import default_chain
+from walsvc.backends._registry import backend_class
 from walsvc.core._errors import (
     AppendOutcomeUnknown,
     InvalidArgument,
@@ -99,7 +102,6 @@ from walsvc.core._errors import (
 )
 from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message, MessageType, producer_key
 from walsvc.wal._open import _PCHANNEL, open_wal
-from walsvc.wal._registry import backend_class
 
 from ._options import WriteOptions
 from ._sync import run
@@ -450,8 +452,6 @@ class _Appender:
                     newest, changed = now, loop.time()
 
     async def _open(self) -> WAL:
-        from interceptors import Dedup, default_chain
-
         options = self._options
         chain = default_chain(
             dedup=Dedup(max_keys=options.dedup_max_keys, max_age=options.dedup_max_age)

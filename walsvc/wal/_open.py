@@ -6,12 +6,13 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
-from walsvc.backends import Backend
+from interceptors._default import default_chain
+from walsvc.backends._base import Backend
+from walsvc.backends._registry import backend_class
 from walsvc.core._chain import ChainMember
 from walsvc.core._errors import InvalidArgument, UnknownBackend
 from walsvc.core._timetick import HybridClock, TimetickAllocator
 
-from ._registry import backend_class
 from ._wal import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TAIL_CACHE_AGE, DEFAULT_TAIL_CACHE_BYTES, WAL
 
 __all__ = ("open_wal",)
@@ -85,8 +86,6 @@ async def open_wal(
     members: Sequence[ChainMember] = ()
     if not read_only:
         if interceptors is None:
-            from interceptors import default_chain  # the default implementations
-
             members = default_chain(retry=cls.retriable_appends)
         else:
             members = tuple(interceptors)

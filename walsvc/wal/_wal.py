@@ -18,7 +18,8 @@ from types import TracebackType
 from typing import Final, final
 
 from scanners._tail_cache import CacheStats, TailCache
-from walsvc.backends import Backend
+from walsvc.backends._base import Backend
+from walsvc.backends._subscriptions import SubscriptionScope
 from walsvc.core._chain import (
     AppendNext,
     ChainMember,
@@ -52,7 +53,6 @@ from walsvc.write._serialization import SerializationPoint
 from walsvc.write._txn import Txn
 
 from ._context import WALContext
-from ._subscriptions import SubscriptionScope
 from ._txn_replay import read_committed_txn
 
 __all__ = (

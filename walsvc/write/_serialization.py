@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, final
 
 from scanners._tail_cache import TailCache
-from walsvc.backends import Backend
+from walsvc.backends._base import Backend
 from walsvc.core._codec import (
     HEADER_SIZE,
     are_plain,

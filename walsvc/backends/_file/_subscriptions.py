@@ -13,8 +13,7 @@ from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Final, TypeVar, final
 
-from walsvc.core._errors import BackendUnavailable, SubscriptionBusy, WALError, WALReadOnly
-from walsvc.wal._subscriptions import (
+from walsvc.backends._subscriptions import (
     MAX_CHECKPOINT_BYTES,
     StoredSubscription,
     SubscriptionStore,
@@ -22,6 +21,7 @@ from walsvc.wal._subscriptions import (
     encode_subscription,
     is_subscription_name,
 )
+from walsvc.core._errors import BackendUnavailable, SubscriptionBusy, WALError, WALReadOnly
 
 from ._directory import fsync_directory
 

@@ -44,14 +44,14 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from aiokafka.protocol.commit import OffsetCommitRequest
 
-from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
-from walsvc.wal._subscriptions import (
+from walsvc.backends._subscriptions import (
     StoredSubscription,
     SubscriptionStore,
     check_subscription_name,
     decode_subscription,
     encode_subscription,
 )
+from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 
 from ._client import new_admin, new_producer, stop_quietly
 from ._ids import KafkaMessageId

@@ -43,14 +43,14 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Final, final
 
-from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
-from walsvc.wal._subscriptions import (
+from walsvc.backends._subscriptions import (
     StoredSubscription,
     SubscriptionStore,
     check_subscription_name,
     decode_subscription,
     encode_subscription,
 )
+from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 
 from ._client import PULSAR_ERRORS, Options, translate
 from ._ids import PulsarMessageId

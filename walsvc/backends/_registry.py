@@ -2,7 +2,9 @@
 
 Built-in backends live in ``walsvc.backends._<name>``; others come from the
 ``walsvc.backends`` entry-point group or ``register_backend``. Each backend module exposes
-``backend_class``. A scheme registered twice is an error, never a silent override.
+``backend_class``. A scheme registered twice is an error, never a silent override. On
+import it teaches ``walsvc.core._ids.unmarshal_message_id`` to find a scheme's id class
+here (the id model sits below the backends and cannot import them).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Final
 
-from walsvc.backends import Backend
 from walsvc.core._errors import InvalidArgument, UnknownBackend
+from walsvc.core._ids import resolve_schemes_with
+
+from ._base import Backend
 
 __all__ = ("backend_class", "known_schemes", "register_backend")
 
@@ -97,3 +101,6 @@ def _read_entry_points() -> None:
                 " already registered"
             )
         _registered[ep.name] = ep.value
+
+
+resolve_schemes_with(lambda scheme: backend_class(scheme).message_id_class)
