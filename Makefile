@@ -35,6 +35,7 @@ test: lint typecheck pytest
 lint: $(VENV)/.test-stamp
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check walsvc interceptors scanners tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(VENV)/.test-stamp
 	$(VENV)/bin/mypy

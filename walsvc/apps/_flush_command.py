@@ -160,7 +160,7 @@ class _FlushArgs:
 def run_flush_command(args: argparse.Namespace) -> int:
     """Run ``walsvc flush`` with parsed ``args``; return the exit status."""
     try:
-        from walsvc import spark as walsvc_spark
+        import walsvc.spark as walsvc_spark
     except ImportError as exc:
         print(
             f"error: walsvc flush needs the spark extra (pip install 'walsvc[spark]'): {exc}",
@@ -201,7 +201,7 @@ def _run_flush(job: _FlushArgs) -> int:
     from pyspark.errors import StreamingQueryException
     from pyspark.sql import SparkSession
 
-    from walsvc import spark as walsvc_spark
+    import walsvc.spark as walsvc_spark
 
     # Python workers (executors, and the driver-side process that plans micro-batches)
     # run PYSPARK_PYTHON; by default, this interpreter, which has walsvc.

@@ -67,8 +67,9 @@ CHECKPOINT_NAME: Final = "_walsvc_checkpoint"
 #: How often a following (not ``available_now``) flush plans a micro-batch.
 DEFAULT_TRIGGER_INTERVAL: Final = "5 seconds"
 #: The application file to give ``spark-submit``: it runs ``walsvc flush`` with the
-#: arguments that follow it, on the master spark-submit was given.
-FLUSH_APP: Final = str(Path(__file__).with_name("_flush_app.py"))
+#: arguments that follow it, on the master spark-submit was given. It lives with the
+#: command line (``walsvc/apps``), which sits above this package: a path, not an import.
+FLUSH_APP: Final = str(Path(__file__).parent.parent / "apps" / "_flush_app.py")
 
 #: Options the flush sets itself (by their parameters), in Spark's case-folded form.
 _OWN_OPTIONS: Final = frozenset({"url", "pchannels", "maxrecordspertrigger", "path"})

@@ -39,9 +39,11 @@ _MIN_BATCH: Final = 61 - _BATCH_OVERHEAD  # a v2 batch header after its length f
 
 _compiled_walk: Callable[..., tuple[int, int]] | None
 try:
-    from ._cbatches import walk as _compiled_walk
+    from . import _cbatches
 except ImportError:  # built without a C compiler
     _compiled_walk = None
+else:
+    _compiled_walk = _cbatches.walk
 
 
 def walk(data: bytes, fetch_offset: int) -> tuple[list[Walked], int]:

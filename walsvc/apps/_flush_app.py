@@ -24,7 +24,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # Run as a script, this file's directory (walsvc/spark) is sys.path[0]: drop it, so
+    # Run as a script, this file's directory (walsvc/apps) is sys.path[0]: drop it, so
     # that its private modules can never shadow top-level modules of the same name.
     here = os.path.dirname(os.path.abspath(__file__))
     if sys.path and os.path.abspath(sys.path[0] or os.curdir) == here:
