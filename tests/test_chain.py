@@ -145,13 +145,35 @@ async def test_read_only_takes_no_interceptors_and_txns_need_the_interceptor() -
 
 
 async def test_an_interceptor_serves_one_wal() -> None:
+    """A second WAL given an interceptor that serves another is refused at open, before
+    its backend is opened (which would fence the pchannel's writer), with a WALError."""
     dedup = Dedup()
     name = f"memory://{uuid.uuid4().hex}"
     async with await walsvc.open_wal(name, "a", interceptors=[dedup]) as wal:
         await wal.append(data(b"x"))
-    async with await walsvc.open_wal(name, "b", interceptors=[dedup]) as wal:
-        with pytest.raises(walsvc.WALError, match="serves one WAL"):
-            await wal.append(data(b"x"))
+        with pytest.raises(walsvc.InvalidArgument, match="already serves WAL 'a'"):
+            await walsvc.open_wal(name, "b", interceptors=[dedup])
+    # Closed, the first WAL still holds its state: the instance stays taken.
+    with pytest.raises(walsvc.InvalidArgument, match="Build a chain per WAL"):
+        await walsvc.open_wal(name, "b", interceptors=[dedup])
+    other = Dedup()
+    with pytest.raises(walsvc.InvalidArgument, match="this chain twice"):
+        await walsvc.open_wal(name, "c", interceptors=[other, other])
+
+
+async def test_a_chain_factory_builds_one_chain_per_wal() -> None:
+    name = f"memory://{uuid.uuid4().hex}"
+
+    def chain() -> list[walsvc.ChainMember]:
+        return [Dedup()]
+
+    async with (
+        await walsvc.open_wal(name, "a", interceptors=chain) as a,
+        await walsvc.open_wal(name, "b", interceptors=chain) as b,
+    ):
+        assert a.interceptors[0] is not b.interceptors[0]
+        await a.append(data(b"x"))
+        await b.append(data(b"y"))
 
 
 async def test_a_plain_batch_gets_consecutive_ticks_and_one_last_confirmed_id(url: str) -> None:

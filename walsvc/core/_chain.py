@@ -27,6 +27,8 @@ __all__ = (
     "ClosingInterceptor",
     "Interceptor",
     "InterceptorContext",
+    "ManagesTransactions",
+    "PassesPlainMessages",
     "PlainAdmission",
     "ReadyInterceptor",
     "TickListener",
@@ -34,6 +36,7 @@ __all__ = (
     "build_batch_chain",
     "build_chain",
     "is_plain",
+    "manages_transactions",
     "passes_plain_messages",
     "plain_admitters",
 )
@@ -70,6 +73,24 @@ class Interceptor(Protocol):
         call it for them at all.
         """
         ...
+
+
+@runtime_checkable
+class PassesPlainMessages(Protocol):
+    """Optional capability: ``passes_plain_messages = True`` (a class attribute) says the
+    interceptor's ``do_append`` passes every plain message (see ``is_plain``) straight to
+    ``call_next``; the WAL then does not call it for them at all."""
+
+    passes_plain_messages: bool
+
+
+@runtime_checkable
+class ManagesTransactions(Protocol):
+    """Optional capability: ``manages_transactions = True`` says the interceptor runs
+    transactions (BeginTxn, bodies, CommitTxn and RollbackTxn, as
+    ``interceptors.Transactions`` does); ``WAL.begin_txn`` needs one in the chain."""
+
+    manages_transactions: bool
 
 
 @runtime_checkable
@@ -257,11 +278,13 @@ def is_plain(message: Message) -> bool:
 
 
 def passes_plain_messages(member: ChainMember) -> bool:
-    """True if ``member`` declares (a true class attribute ``passes_plain_messages``)
-    that it hands plain messages (see ``is_plain``) and batches of them to ``call_next``
-    unchanged and unobserved. The WAL leaves such members out of the chain it runs plain
-    messages through, which saves each of them a call per append."""
-    return getattr(member, "passes_plain_messages", False) is True
+    """True if ``member`` declares ``PassesPlainMessages`` (a true attribute)."""
+    return isinstance(member, PassesPlainMessages) and member.passes_plain_messages is True
+
+
+def manages_transactions(member: ChainMember) -> bool:
+    """True if ``member`` declares ``ManagesTransactions`` (a true attribute)."""
+    return isinstance(member, ManagesTransactions) and member.manages_transactions is True
 
 
 def build_chain(

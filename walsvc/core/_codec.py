@@ -57,9 +57,11 @@ __all__ = (
     "timetick_of",
 )
 
+#: The envelope format version every record's first byte carries.
 VERSION: Final = 1
 _HEADER = struct.Struct("<BBHIIHHQQI")
-HEADER_SIZE: Final = _HEADER.size  # 36
+#: Bytes of an envelope's fixed header (36): no envelope is shorter.
+HEADER_SIZE: Final = _HEADER.size
 _SCAN = struct.Struct("<BxHII")  # version, type, total length, vchannel hash
 _TIMETICK = struct.Struct("<Q")
 _MAX_TOTAL: Final = 0xFFFF_FFFF

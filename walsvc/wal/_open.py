@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from interceptors._default import default_chain
@@ -13,7 +13,13 @@ from walsvc.core._chain import ChainMember
 from walsvc.core._errors import InvalidArgument, UnknownBackend
 from walsvc.core._timetick import HybridClock, TimetickAllocator
 
-from ._wal import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TAIL_CACHE_AGE, DEFAULT_TAIL_CACHE_BYTES, WAL
+from ._wal import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_TAIL_CACHE_AGE,
+    DEFAULT_TAIL_CACHE_BYTES,
+    WAL,
+    check_unbound,
+)
 
 __all__ = ("open_wal",)
 
@@ -27,7 +33,7 @@ async def open_wal(
     read_only: bool = False,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     timetick_allocator: TimetickAllocator | None = None,
-    interceptors: Sequence[ChainMember] | None = None,
+    interceptors: Sequence[ChainMember] | Callable[[], Sequence[ChainMember]] | None = None,
     tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES,
     tail_cache_age: float = DEFAULT_TAIL_CACHE_AGE,
     **options: Any,
@@ -47,7 +53,10 @@ async def open_wal(
     (``interceptors.default_chain()``: timetick sync every 10 ms, which first appends a
     TimeTick straight to the backend, then dedup, exclusive DDL, transactions, redo;
     without redo on a backend whose appends never fail retriably, ``memory://``).
-    Each interceptor instance serves one WAL. Their ``ready`` hooks (the opening TimeTick;
+    It may also be a function returning the chain (what ``open_node`` needs, one chain
+    per pchannel). Each interceptor instance serves one WAL: an instance that already
+    serves another raises ``InvalidArgument`` here, before anything is opened. Their
+    ``ready`` hooks (the opening TimeTick;
     dedup rebuilding its window from the log) run in the background: the first append
     waits for them, reads do not. ``interceptors=[]`` gives a bare WAL: no TimeTicks,
     no dedup, no transactions. A read-only WAL has no chain.
@@ -87,8 +96,11 @@ async def open_wal(
     if not read_only:
         if interceptors is None:
             members = default_chain(retry=cls.retriable_appends)
+        elif callable(interceptors):
+            members = tuple(interceptors())
         else:
             members = tuple(interceptors)
+        check_unbound(members)  # before opening fences the pchannel's writer
     backend = await cls.open(
         location, pchannel, read_only=read_only, options=options, max_message_size=max_message_size
     )

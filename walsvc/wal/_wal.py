@@ -12,6 +12,7 @@ equals timetick order.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -31,6 +32,7 @@ from walsvc.core._chain import (
     build_batch_chain,
     build_chain,
     is_plain,
+    manages_transactions,
     plain_admitters,
 )
 from walsvc.core._deliver import DeliverPolicy
@@ -75,6 +77,27 @@ _FROM_THE_START: Final = DeliverPolicy.all()
 _RECOVERY: Final = object()
 
 
+#: The WAL each interceptor instance serves, by the instance's id (an entry goes with its
+#: WAL; while the WAL lives it holds the instance, so the id cannot be reused).
+_serving: Final[weakref.WeakValueDictionary[int, WAL]] = weakref.WeakValueDictionary()
+
+
+def check_unbound(members: Sequence[ChainMember]) -> None:
+    """Raise ``InvalidArgument`` if an interceptor of ``members`` already serves a WAL, or
+    appears twice: an interceptor keeps one WAL's state, so each WAL needs its own."""
+    seen: set[int] = set()
+    for member in members:
+        serving = _serving.get(id(member))
+        if serving is not None or id(member) in seen:
+            where = "this chain twice" if serving is None else f"WAL {serving.pchannel!r}"
+            raise InvalidArgument(
+                f"the {type(member).__name__} instance {member!r} already serves {where}: an"
+                " interceptor keeps the state of one WAL. Build a chain per WAL"
+                " (interceptors.default_chain(), or interceptors=lambda: [...])"
+            )
+        seen.add(id(member))
+
+
 @final
 class WAL:
     """One pchannel of a write-ahead log, opened with ``walsvc.open_wal``.
@@ -88,6 +111,7 @@ class WAL:
     """
 
     __slots__ = (
+        "__weakref__",
         "_allocator",
         "_backend",
         "_batch_chain",
@@ -133,6 +157,9 @@ class WAL:
             backend, allocator, max_message_size=max_message_size, cache=self._cache
         )
         self._members = tuple(interceptors)
+        check_unbound(self._members)
+        for member in self._members:
+            _serving[id(member)] = self
         self._chain: AppendNext = build_chain(self._members, point.serialize)
         self._batch_chain = build_batch_chain(self._members, point.serialize_batch)
         # Plain messages (no idempotency key, no txn: most appends) skip the members that
@@ -347,7 +374,7 @@ class WAL:
         chain (the default chain has it).
         """
         self._check_writable()
-        if not any(getattr(m, "manages_transactions", False) for m in self._members):
+        if not any(manages_transactions(m) for m in self._members):
             raise InvalidArgument(
                 "this WAL's interceptor chain has no transaction interceptor"
                 " (interceptors.Transactions)"

@@ -1,0 +1,90 @@
+"""The implementers' door: everything needed to write a backend, a subscription store, an
+interceptor or a scanner stage of one's own, with public names only.
+
+Users import ``walsvc``; implementers import this module too. A backend subclasses
+``Backend`` (and ``BackendScanner``), stores the opaque envelopes the WAL hands it, and
+reads them back with the envelope codec (``decode``, ``decode_run``, ``timetick_of``);
+it registers with ``walsvc.register_backend`` or the ``walsvc.backends`` entry-point
+group, and ``walsvc.testing.check_backend`` proves it. Its durable subscriptions are a
+``SubscriptionStore`` writing ``encode_subscription``'s stored form. An interceptor
+implements ``Interceptor`` and any of the optional capabilities (``BatchInterceptor``,
+``ReadyInterceptor``, ``ClosingInterceptor``, ``PlainAdmission``,
+``PassesPlainMessages``, ``ManagesTransactions``) against the ``InterceptorContext`` its
+WAL gives it. ARCHITECTURE.md ("Extension points") says what each promises.
+"""
+
+from __future__ import annotations
+
+from walsvc.backends._base import Backend, BackendScanner, EnvelopeRun, RunScanner
+from walsvc.backends._memory import MemorySubscriptionStore
+from walsvc.backends._subscriptions import (
+    MAX_CHECKPOINT_BYTES,
+    StoredSubscription,
+    SubscriptionScope,
+    SubscriptionStore,
+    check_subscription_name,
+    decode_subscription,
+    encode_subscription,
+)
+from walsvc.core._chain import (
+    AppendBatchNext,
+    AppendNext,
+    BatchInterceptor,
+    ChainMember,
+    ClosingInterceptor,
+    Interceptor,
+    InterceptorContext,
+    ManagesTransactions,
+    PassesPlainMessages,
+    PlainAdmission,
+    ReadyInterceptor,
+    TxnKeyWindow,
+    is_plain,
+)
+from walsvc.core._codec import (
+    HEADER_SIZE,
+    EnvelopeHeader,
+    decode,
+    decode_run,
+    encode,
+    peek,
+    timetick_of,
+)
+from walsvc.core._ids import MessageId, SequenceMessageId
+
+__all__ = (
+    "HEADER_SIZE",
+    "MAX_CHECKPOINT_BYTES",
+    "AppendBatchNext",
+    "AppendNext",
+    "Backend",
+    "BackendScanner",
+    "BatchInterceptor",
+    "ChainMember",
+    "ClosingInterceptor",
+    "EnvelopeHeader",
+    "EnvelopeRun",
+    "Interceptor",
+    "InterceptorContext",
+    "ManagesTransactions",
+    "MemorySubscriptionStore",
+    "MessageId",
+    "PassesPlainMessages",
+    "PlainAdmission",
+    "ReadyInterceptor",
+    "RunScanner",
+    "SequenceMessageId",
+    "StoredSubscription",
+    "SubscriptionScope",
+    "SubscriptionStore",
+    "TxnKeyWindow",
+    "check_subscription_name",
+    "decode",
+    "decode_run",
+    "decode_subscription",
+    "encode",
+    "encode_subscription",
+    "is_plain",
+    "peek",
+    "timetick_of",
+)
