@@ -6,7 +6,12 @@ Users import ``walsvc``; implementers import this module too. A backend subclass
 reads them back with the envelope codec (``decode``, ``decode_run``, ``timetick_of``);
 it registers with ``walsvc.register_backend`` or the ``walsvc.backends`` entry-point
 group, and ``walsvc.testing.check_backend`` proves it. Its durable subscriptions are a
-``SubscriptionStore`` writing ``encode_subscription``'s stored form. An interceptor
+``SubscriptionStore`` writing ``encode_subscription``'s stored form: it overrides the
+hooks ``_load``, ``_save``, ``_delete`` and ``_names`` (and, to claim names across
+processes, ``_lock``/``_unlock``), which the public ``load``, ``save``, ``delete``,
+``names``, ``claim`` and ``release`` call after checking their arguments. A backend that
+decodes records on the event loop takes its steps under ``turn()``, the per-loop read
+budget (``STEP`` units a step, ``DECODE_COST`` a decoded record). An interceptor
 implements ``Interceptor`` and any of the optional capabilities (``BatchInterceptor``,
 ``ReadyInterceptor``, ``ClosingInterceptor``, ``PlainAdmission``,
 ``PassesPlainMessages``, ``ManagesTransactions``) against the ``InterceptorContext`` its
@@ -26,6 +31,7 @@ from walsvc.backends._subscriptions import (
     decode_subscription,
     encode_subscription,
 )
+from walsvc.core._budget import DECODE_COST, STEP, ReadBudget, turn
 from walsvc.core._chain import (
     AppendBatchNext,
     AppendNext,
@@ -53,8 +59,10 @@ from walsvc.core._codec import (
 from walsvc.core._ids import MessageId, SequenceMessageId
 
 __all__ = (
+    "DECODE_COST",
     "HEADER_SIZE",
     "MAX_CHECKPOINT_BYTES",
+    "STEP",
     "AppendBatchNext",
     "AppendNext",
     "Backend",
@@ -71,6 +79,7 @@ __all__ = (
     "MessageId",
     "PassesPlainMessages",
     "PlainAdmission",
+    "ReadBudget",
     "ReadyInterceptor",
     "RunScanner",
     "SequenceMessageId",
@@ -87,4 +96,5 @@ __all__ = (
     "is_plain",
     "peek",
     "timetick_of",
+    "turn",
 )

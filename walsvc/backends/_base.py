@@ -1,6 +1,7 @@
 """The small interface every backend implements (the shape of Milvus's walimpls).
 
-A backend stores opaque envelopes (see ``walsvc.core._codec``) for one pchannel; everything
+A backend stores opaque envelopes (read them with ``walsvc.abc.decode``,
+``decode_run`` and ``timetick_of``) for one pchannel; everything
 else (validation, timeticks, interceptors, filters' semantics) lives above it.
 """
 
@@ -95,8 +96,7 @@ class Backend(ABC):
     ticks_in_log_order: ClassVar[bool] = True
     #: True if appends are durable when the call returns (the memory log): the backend
     #: then implements ``append_now``, and the WAL appends each message as it comes;
-    #: otherwise it gathers concurrent appends into one batch per loop iteration (see
-    #: ``walsvc.write._coalesce``).
+    #: otherwise it gathers concurrent appends into one batch per loop iteration.
     immediate_acks: ClassVar[bool] = False
     #: False if ``append`` never raises a retriable error (the memory log). The default
     #: chain ``open_wal`` builds then leaves out ``Redo``, which has nothing to retry.
@@ -132,8 +132,10 @@ class Backend(ABC):
         The call itself is the serialization point: records of successive calls land in
         the log in call order, and the records of one call land contiguously. The
         awaitable resolves once the records are durable as the backend promises.
-        Raises (through the awaitable) ``WALFenced``, ``WALClosed`` or
-        ``BackendUnavailable``.
+        Raises (through the awaitable) ``WALFenced``, ``WALClosed``,
+        ``BackendUnavailable`` (retriable: none of the records was stored; the WAL's
+        ``Redo`` retries it) or ``AppendOutcomeUnknown`` (some may have been stored: the
+        store cannot tell, so nothing retries blindly).
         """
 
     def append_now(self, records: Sequence[bytes]) -> Sequence[MessageId]:
@@ -144,7 +146,13 @@ class Backend(ABC):
 
     @abstractmethod
     def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
-        """A scanner from ``deliver`` yielding the messages ``selected`` admits."""
+        """A scanner from ``deliver`` yielding the messages ``selected`` admits.
+
+        ``deliver`` is a backend policy: ``all``, ``latest``, ``start_from`` or
+        ``start_after`` (the WAL turns ``from_checkpoint`` into ``start_from`` its
+        last-confirmed id, or ``all``, and drops older ticks itself). A backend that decodes
+        on the event loop should do it a step at a time under ``walsvc.abc.turn`` (the
+        per-loop read budget), so no call holds the loop long."""
 
     @abstractmethod
     async def latest_message_id(self) -> MessageId | None:
