@@ -32,9 +32,9 @@ from walsvc import (
     WALReadOnly,
     unmarshal_message_id,
 )
+from walsvc.backends import _registry
 from walsvc.backends._memory import MemoryMessageId
 from walsvc.testing import memory_wal
-from walsvc.wal import _registry
 
 
 def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:
