@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import signal
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 import crc32c
 import pytest
+from _forks import reap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -390,14 +389,7 @@ def test_a_forked_child_is_refused_its_parents_writer_instead_of_hanging(
                         code = 0
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + 20
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+        reap(pid, 20)
 
         async def still_works() -> None:
             await asyncio.gather(*(wal.append(message(i)) for i in range(3, 20)))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 import time
 import uuid
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _forks import reap
 
 import walsvc
 from interceptors import TimetickSync, default_chain
@@ -309,14 +309,7 @@ def test_a_child_forked_after_the_thread_went_idle(tmp_path: Path, short_idle: N
                 code = 0
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + LIMIT
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+        reap(pid, LIMIT)
 
         async def still_works() -> None:
             await asyncio.gather(*(wal.append(message(i)) for i in range(3, 10)))
