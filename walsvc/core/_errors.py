@@ -134,3 +134,11 @@ class SubscriptionMismatch(InvalidArgument):
 class RoutingMismatch(InvalidArgument):
     """The pchannels given to ``open_node`` differ from the routing stored with the log;
     changing the routing is an explicit migration (``open_node(..., migrate=True)``)."""
+
+
+# Public through the ``walsvc`` facade: tracebacks and reprs name them there
+# (``walsvc.WALFenced``) wherever they are raised, also in processes that never touched
+# the facade's names (Spark's workers). Pickle finds them there too.
+for _name in __all__:
+    globals()[_name].__module__ = "walsvc"
+del _name
