@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         open_wal_from_config,
     )
     from walsvc.backends._registry import known_schemes, register_backend
+    from walsvc.core._api import Scanner
     from walsvc.core._chain import (
         AppendBatchNext,
         AppendNext,
@@ -83,9 +84,10 @@ if TYPE_CHECKING:
     from walsvc.core._timetick import HybridClock, TimetickAllocator
     from walsvc.node._node import Node, open_node
     from walsvc.node._routing import Routing, balanced_pins
-    from walsvc.read._scanner import Scanner
-    from walsvc.wal._open import open_wal
-    from walsvc.wal._wal import DEFAULT_MAX_MESSAGE_SIZE, WAL
+    from walsvc.remote._open import open_wal
+    from walsvc.service._server import serve
+    from walsvc.wal._api import WAL
+    from walsvc.wal._wal import DEFAULT_MAX_MESSAGE_SIZE
     from walsvc.write._txn import Txn, TxnState
 
 _EXPORTS: Final = (
@@ -206,15 +208,11 @@ _EXPORTS: Final = (
             "balanced_pins",
         ),
     ),
-    ("walsvc.read._scanner", ("Scanner",)),
-    ("walsvc.wal._open", ("open_wal",)),
-    (
-        "walsvc.wal._wal",
-        (
-            "DEFAULT_MAX_MESSAGE_SIZE",
-            "WAL",
-        ),
-    ),
+    ("walsvc.core._api", ("Scanner",)),
+    ("walsvc.remote._open", ("open_wal",)),
+    ("walsvc.service._server", ("serve",)),
+    ("walsvc.wal._api", ("WAL",)),
+    ("walsvc.wal._wal", ("DEFAULT_MAX_MESSAGE_SIZE",)),
     (
         "walsvc.write._txn",
         (
@@ -292,6 +290,7 @@ __all__ = (
     "peek",
     "producer_key",
     "register_backend",
+    "serve",
     "unmarshal_message_id",
 )
 

@@ -34,12 +34,13 @@ from walsvc.core._errors import WALError, WALTruncated
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId, SequenceMessageId
 from walsvc.core._message import ImmutableMessage, Message
+from walsvc.wal._api import WAL
 from walsvc.wal._open import open_wal
-from walsvc.wal._wal import WAL
 
 from ._check_command import add_check_parser, run_check_command
 from ._cli_args import UsageError, int_at_least
 from ._flush_command import add_flush_parser, run_flush_command
+from ._serve_command import add_serve_parser, run_serve_command
 
 __all__ = ("main",)
 
@@ -96,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_flush_command(args)
     if args.command == "check":
         return run_check_command(args)
+    if args.command == "serve":
+        return run_serve_command(args)
     options = _DemoOptions(
         url=args.url,
         pchannel=args.pchannel,
@@ -170,6 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_flush_parser(commands)
     add_check_parser(commands)
+    add_serve_parser(commands)
     return parser
 
 

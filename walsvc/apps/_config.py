@@ -77,8 +77,8 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from walsvc.core._errors import InvalidArgument, WALError
 from walsvc.node._node import Node, open_node
+from walsvc.wal._api import WAL
 from walsvc.wal._open import open_wal
-from walsvc.wal._wal import WAL
 
 __all__ = (
     "BACKEND_PRIORITY",

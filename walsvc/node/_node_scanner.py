@@ -13,7 +13,7 @@ from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId, unmarshal_message_id
 from walsvc.core._message import ImmutableMessage, MessageType
 from walsvc.read._scanner import Scanner
-from walsvc.wal._wal import WAL
+from walsvc.wal._api import WAL
 
 from ._routing import Cut, Stretch
 

@@ -57,8 +57,9 @@ from walsvc.core._errors import (
 from walsvc.core._filter import Filter
 from walsvc.core._message import Message
 from walsvc.core._timetick import TimetickAllocator
-from walsvc.wal._open import open_wal
-from walsvc.wal._wal import WAL
+from walsvc.remote._open import open_wal
+from walsvc.wal._api import WAL
+from walsvc.wal._wal import LocalWAL
 
 __all__ = (
     "HASHES",
@@ -345,6 +346,11 @@ async def take_cuts(
 
 
 async def _cut_of(wal: WAL) -> Cut:
+    if not isinstance(wal, LocalWAL):
+        raise InvalidArgument(
+            f"migrating the routing of {wal.pchannel!r} reads its backend: it is not served"
+            " over walsvc:// yet"
+        )
     latest = await wal.latest_message_id()
     if latest is None:
         return Cut(wal.pchannel, None)

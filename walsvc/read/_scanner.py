@@ -24,46 +24,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
 from types import TracebackType
-from typing import Final, Literal, final
-
-import msgspec
+from typing import Final, final
 
 from scanners._reorder import ReorderBuffer
 from scanners._txn_buffer import TxnBuffer
 from walsvc.backends._subscriptions import SubscriptionScope, SubscriptionStore, check_scope
-from walsvc.core._deliver import Checkpoint, DeliverPolicy
+from walsvc.core._api import Scanner, ScannerStats
+from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import InvalidArgument, WALClosed
 from walsvc.core._filter import Filter
-from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage, MessageType
 
 from ._checkpoints import CheckpointWriter
 from ._source import LogSource
 
-__all__ = ("Scanner", "ScannerStats", "Subscription")
+__all__ = ("LocalScanner", "Scanner", "ScannerStats", "Subscription")
 
 #: Opens the source of a scanner from a (backend-level) deliver policy and a filter.
 OpenSource = Callable[[DeliverPolicy, Filter], LogSource]
 
 _TIME_TICK: Final = MessageType.TIME_TICK
-
-
-class ScannerStats(msgspec.Struct, frozen=True):
-    """A snapshot of one scanner: where it reads (``"cache"`` or ``"backend"``) and how
-    far it got, what it delivered, its hand-offs between the tail cache and the backend,
-    what its reorder and transaction stages hold or rejected, and its subscription's
-    last durable checkpoint."""
-
-    source: Literal["cache", "backend", "not started"]
-    position: MessageId | None
-    delivered: int
-    handoffs: int
-    fallbacks: int
-    rejected: int
-    held_for_order: int
-    open_txns: int
-    txn_bytes: int
-    checkpoint: Checkpoint | None
 
 
 @final
@@ -83,8 +63,10 @@ class Subscription:
 
 
 @final
-class Scanner:
-    """Messages of one pchannel, as an async iterator and async context manager.
+class LocalScanner(Scanner):
+    """A scanner of a WAL in this process: the read pipeline above over its log source.
+
+    Messages of one pchannel, as an async iterator and async context manager.
 
     Iteration waits for new messages at the end of the log; it ends only when this scanner
     is closed with ``aclose()``. If the WAL is closed underneath it, iteration raises
@@ -121,7 +103,7 @@ class Scanner:
     def __init__(
         self,
         open_source: OpenSource,
-        on_close: Callable[[Scanner], None],
+        on_close: Callable[[LocalScanner], None],
         *,
         deliver: DeliverPolicy,
         selected: Filter,
@@ -200,7 +182,7 @@ class Scanner:
         deliver = self._deliver if start is None else DeliverPolicy.from_checkpoint(start)
         return self._start(deliver)
 
-    def __aiter__(self) -> Scanner:
+    def __aiter__(self) -> LocalScanner:
         return self
 
     async def __anext__(self) -> ImmutableMessage:
@@ -358,7 +340,7 @@ class Scanner:
             if self._subscription is not None:
                 self._subscription.store.release(self._subscription.name)
 
-    async def __aenter__(self) -> Scanner:
+    async def __aenter__(self) -> LocalScanner:
         return self
 
     async def __aexit__(

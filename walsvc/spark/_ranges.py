@@ -30,7 +30,7 @@ from walsvc.core._errors import InvalidArgument, WALError, WALTruncated
 from walsvc.core._ids import MessageId, SequenceMessageId, unmarshal_message_id
 from walsvc.core._message import ImmutableMessage
 from walsvc.wal._open import open_wal
-from walsvc.wal._wal import WAL
+from walsvc.wal._wal import LocalWAL as WAL
 
 from ._options import SourceOptions
 

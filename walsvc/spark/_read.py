@@ -25,7 +25,7 @@ from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import WALTruncated
 from walsvc.core._ids import MessageId, SequenceMessageId
 from walsvc.core._message import SYSTEM_TYPES, ImmutableMessage, MessageType, TxnContext
-from walsvc.wal._wal import WAL
+from walsvc.wal._wal import LocalWAL as WAL
 
 from ._options import SourceOptions
 from ._ranges import IdRange, open_reader, raw_up_to, replay_start, unless_stalled

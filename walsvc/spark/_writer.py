@@ -108,7 +108,7 @@ from ._sync import run
 
 if TYPE_CHECKING:
     from walsvc.core._ids import MessageId
-    from walsvc.wal._wal import WAL
+    from walsvc.wal._api import WAL
 
 __all__ = (
     "IGNORED_COLUMNS",

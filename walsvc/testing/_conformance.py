@@ -48,7 +48,7 @@ from walsvc.core._errors import (
 from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage, Message, MessageType
 from walsvc.read._scanner import Scanner
-from walsvc.wal._wal import WAL
+from walsvc.wal._api import WAL
 
 from ._exactly_once import ExactlyOnceCheck
 from ._instruments import MARK, Reader, Sent, describe, difference, task_group

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from walsvc.wal._api import WAL
 from walsvc.wal._open import open_wal
-from walsvc.wal._wal import WAL
 
 __all__ = ("memory_wal",)
 

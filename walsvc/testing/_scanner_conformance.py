@@ -20,7 +20,7 @@ from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._filter import Filter
 from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
 from walsvc.read._scanner import Scanner
-from walsvc.wal._wal import WAL
+from walsvc.wal._api import WAL
 
 __all__ = ("ScannerCheck",)
 

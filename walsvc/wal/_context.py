@@ -20,7 +20,7 @@ from walsvc.core._message import NO_PROPERTIES, AppendResult, ImmutableMessage, 
 if TYPE_CHECKING:
     from walsvc.read._scanner import Scanner
 
-    from ._wal import WAL
+    from ._wal import LocalWAL as WAL
 
 __all__ = ("WALContext",)
 

@@ -17,7 +17,7 @@ from ._wal import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_TAIL_CACHE_AGE,
     DEFAULT_TAIL_CACHE_BYTES,
-    WAL,
+    LocalWAL,
     check_unbound,
 )
 
@@ -37,7 +37,7 @@ async def open_wal(
     tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES,
     tail_cache_age: float = DEFAULT_TAIL_CACHE_AGE,
     **options: Any,
-) -> WAL:
+) -> LocalWAL:
     """Open one pchannel of the log at ``url`` and return the WAL (an async context
     manager).
 
@@ -105,7 +105,7 @@ async def open_wal(
         location, pchannel, read_only=read_only, options=options, max_message_size=max_message_size
     )
     allocator = timetick_allocator if timetick_allocator is not None else HybridClock()
-    wal = WAL(
+    wal = LocalWAL(
         backend,
         allocator=allocator,
         max_message_size=max_message_size,

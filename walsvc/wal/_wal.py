@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
-from types import TracebackType
+from collections.abc import Iterable, Sequence
 from typing import Final, final
 
 from scanners._tail_cache import CacheStats, TailCache
@@ -48,12 +46,13 @@ from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message, MessageType, TxnContext
 from walsvc.core._timetick import TimetickAllocator
-from walsvc.read._scanner import Scanner, Subscription
+from walsvc.read._scanner import LocalScanner, Subscription
 from walsvc.read._source import LogSource
 from walsvc.write._coalesce import AppendCoalescer
 from walsvc.write._serialization import SerializationPoint
 from walsvc.write._txn import Txn
 
+from ._api import DEFAULT_TXN_BUFFER_BYTES, WAL
 from ._context import WALContext
 from ._txn_replay import read_committed_txn
 
@@ -62,7 +61,7 @@ __all__ = (
     "DEFAULT_TAIL_CACHE_AGE",
     "DEFAULT_TAIL_CACHE_BYTES",
     "DEFAULT_TXN_BUFFER_BYTES",
-    "WAL",
+    "LocalWAL",
 )
 
 #: Default largest encoded message, as in Milvus (5 MiB).
@@ -70,8 +69,6 @@ DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
 #: Default bounds of a writer's tail cache, as Milvus's write-ahead buffer (64 MiB, 30 s).
 DEFAULT_TAIL_CACHE_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_TAIL_CACHE_AGE: Final = 30.0
-#: Default bound on the transaction bodies one scanner holds until their commit.
-DEFAULT_TXN_BUFFER_BYTES: Final = 64 * 1024 * 1024
 _FROM_THE_START: Final = DeliverPolicy.all()
 #: The last-confirmed pin held while a writer's interceptors recover (_hold_recovered_checkpoint).
 _RECOVERY: Final = object()
@@ -79,7 +76,7 @@ _RECOVERY: Final = object()
 
 #: The WAL each interceptor instance serves, by the instance's id (an entry goes with its
 #: WAL; while the WAL lives it holds the instance, so the id cannot be reused).
-_serving: Final[weakref.WeakValueDictionary[int, WAL]] = weakref.WeakValueDictionary()
+_serving: Final[weakref.WeakValueDictionary[int, LocalWAL]] = weakref.WeakValueDictionary()
 
 
 def check_unbound(members: Sequence[ChainMember]) -> None:
@@ -99,8 +96,11 @@ def check_unbound(members: Sequence[ChainMember]) -> None:
 
 
 @final
-class WAL:
-    """One pchannel of a write-ahead log, opened with ``walsvc.open_wal``.
+class LocalWAL(WAL):
+    """A WAL whose writer is in this process: a backend, the interceptor chain, the write
+    path and scanners (what ``walsvc.open_wal`` returns for every scheme but ``walsvc://``).
+
+    One pchannel of a write-ahead log, opened with ``walsvc.open_wal``.
 
     Appends run through the WAL's interceptor chain (by default timetick sync, dedup,
     exclusive DDL, transactions, redo) and return once the message is durable as the
@@ -147,7 +147,7 @@ class WAL:
         self._allocator = allocator
         self._closed = False
         self._writable = not backend.read_only
-        self._scanners: set[Scanner] = set()
+        self._scanners: set[LocalScanner] = set()
         self._cache = (
             TailCache(max_bytes=tail_cache_bytes, max_age=tail_cache_age)
             if self._writable
@@ -414,7 +414,7 @@ class WAL:
     async def _replay_txn(self, vchannel: str, key: str, committed: AppendResult) -> Txn:
         """The handle of a transaction that committed as ``committed`` (a replay)."""
 
-        def read(deliver: DeliverPolicy, filters: Iterable[Filter]) -> Scanner:
+        def read(deliver: DeliverPolicy, filters: Iterable[Filter]) -> LocalScanner:
             return self.read(deliver, filters, raw=True)
 
         found = await read_committed_txn(read, vchannel, key, committed)
@@ -426,19 +426,6 @@ class WAL:
             idempotency_key=key,
             replay=found.replay,
         )
-
-    @asynccontextmanager
-    async def txn(
-        self, vchannel: str, *, keepalive: float = 10.0, idempotency_key: str | None = None
-    ) -> AsyncIterator[Txn]:
-        """``async with wal.txn(vchannel) as txn:`` begins a transaction, commits it when
-        the block succeeds and rolls it back when the block raises. ``idempotency_key``:
-        see ``begin_txn``."""
-        handle = await self.begin_txn(
-            vchannel, keepalive=keepalive, idempotency_key=idempotency_key
-        )
-        async with handle:
-            yield handle
 
     # -- reads ------------------------------------------------------------------------
 
@@ -453,7 +440,7 @@ class WAL:
         subscription: str | None = None,
         txn_buffer_bytes: int = DEFAULT_TXN_BUFFER_BYTES,
         checkpoint_interval: float = 1.0,
-    ) -> Scanner:
+    ) -> LocalScanner:
         """A scanner from ``deliver`` over the messages every filter admits.
 
         Messages come in timetick order; a transaction is delivered once committed, as
@@ -517,7 +504,7 @@ class WAL:
         def open_source(deliver: DeliverPolicy, selected: Filter) -> LogSource:
             return LogSource(self._backend, cache, deliver, selected)
 
-        scanner = Scanner(
+        scanner = LocalScanner(
             open_source,
             self._forget_scanner,
             deliver=deliver,
@@ -545,7 +532,7 @@ class WAL:
         finally:
             store.release(name)
 
-    def _forget_scanner(self, scanner: Scanner) -> None:
+    def _forget_scanner(self, scanner: LocalScanner) -> None:
         self._scanners.discard(scanner)
         if not self._scanners and self._cache is not None:
             self._cache.deactivate()
@@ -603,16 +590,8 @@ class WAL:
         if errors:
             raise errors[0]
 
-    async def __aenter__(self) -> WAL:
+    async def __aenter__(self) -> LocalWAL:
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         mode = "ro" if self.read_only else f"rw term={self.term}"

@@ -1,0 +1,72 @@
+"""``walsvc serve``: run a node that serves the pchannels of one log over the network.
+
+Prints one line, ``walsvc node serving URL at walsvc://HOST:PORT``, once it listens (a
+supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C.
+``--sync`` is the file backend's sync mode; the bearer token comes from the environment
+variable ``WALSVC_TOKEN`` (never the command line, where ``ps`` would show it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from walsvc.core._errors import WALError
+from walsvc.service._server import serve
+
+from ._cli_args import UsageError
+
+__all__ = ("add_serve_parser", "run_serve_command")
+
+
+def add_serve_parser(commands: Any) -> None:
+    """Add ``walsvc serve`` to the command line's subparsers."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "serve",
+        help="serve the pchannels of a log to walsvc:// clients",
+        description=(
+            "Serve the pchannels of the log at --url to walsvc:// clients on --listen."
+            " The node is each pchannel's single writer. Clients must present the token"
+            " in WALSVC_TOKEN when it is set."
+        ),
+    )
+    parser.add_argument("--url", required=True, help="the log, e.g. file:///data/wal")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:7070", help="host:port (port 0: any free port)"
+    )
+    parser.add_argument(
+        "--sync",
+        choices=("always", "none"),
+        default=None,
+        help="file:// backends: when appends reach the disk",
+    )
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    options: dict[str, Any] = {}
+    if args.sync is not None:
+        options["sync"] = args.sync
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    token = os.environ.get("WALSVC_TOKEN") or None
+    async with serve(args.url, args.listen, token=token, **options) as node:
+        print(f"walsvc node serving {args.url} at {node.node_url}", flush=True)
+        await stop.wait()
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    """Run ``walsvc serve``; return the exit status."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        asyncio.run(_serve(args))
+    except (WALError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,9 @@
+"""Layer 6, the walsvc node: serves one backend's pchannels to client processes over the
+protocol of ``walsvc.remote`` (``walsvc.serve``; ``walsvc serve`` on the command line).
+
+Beside ``walsvc.spark`` and ``walsvc.testing`` (independent of them); uses ``walsvc.wal``
+(one WAL per pchannel, the node its single writer) and ``walsvc.remote``'s protocol.
+The modules here are private; ``walsvc.serve`` is public.
+"""
+
+__all__: tuple[str, ...] = ()

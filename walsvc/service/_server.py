@@ -1,0 +1,476 @@
+"""The walsvc node: one backend's pchannels served to many client processes.
+
+The node is each pchannel's single writer: it opens one WAL per pchannel on first use
+(through its interceptor chain, so it is the one timetick authority) and keeps it for
+all its clients. A connection is a session: the handshake first (versions, token),
+then requests answered in any order (each append runs as its own task, so concurrent
+appends coalesce in the WAL) and streams fed from the WAL's scanners (the WAL filters
+by header; the tail cache serves tailing readers) within each stream's credit. A peer
+that breaks the protocol (garbage, a length prefix above the limit) is disconnected
+alone, with one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final, final
+
+import msgspec
+
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALReadOnly
+from walsvc.core._filter import Filter
+from walsvc.core._ids import unmarshal_message_id
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.remote._frames import FrameWriter, read_frame
+from walsvc.remote._protocol import (
+    NODE_VERSIONS,
+    Append,
+    Appended,
+    AppendMany,
+    ClientMessage,
+    CloseStream,
+    CloseWal,
+    Credit,
+    Delivered,
+    Done,
+    ErrorCode,
+    Failed,
+    Hello,
+    LatestId,
+    LatestIdIs,
+    Opened,
+    OpenWal,
+    Read,
+    Refused,
+    StreamEnded,
+    Welcome,
+    WireDelivered,
+    WireMessage,
+    WireResult,
+    error_code,
+    negotiate,
+)
+from walsvc.wal._open import open_wal
+from walsvc.wal._wal import LocalWAL
+
+__all__ = ("NodeServer", "serve")
+
+_log: Final = logging.getLogger("walsvc.service")
+_encode: Final = msgspec.msgpack.Encoder().encode
+_decode: Final = msgspec.msgpack.Decoder(list[ClientMessage]).decode
+#: A client must complete the handshake within this many seconds.
+_HANDSHAKE_TIMEOUT: Final = 10.0
+#: Largest payload bytes in one ``Delivered`` message (a frame holds several).
+_DELIVERY_BYTES: Final = 1024 * 1024
+_TYPES: Final = {int(t): t for t in MessageType}
+
+
+def _wire_result(result: AppendResult) -> WireResult:
+    lc = result.last_confirmed_id
+    return WireResult(
+        result.message_id.marshal(), result.timetick, None if lc is None else lc.marshal()
+    )
+
+
+def _wire_delivered(m: ImmutableMessage) -> WireDelivered:
+    lc = m.last_confirmed_id
+    txn = m.txn
+    return WireDelivered(
+        m.message_id.marshal(),
+        m.timetick,
+        m.vchannel,
+        int(m.type),
+        m.payload,
+        dict(m.properties),
+        None if lc is None else lc.marshal(),
+        None if txn is None else (txn.txn_id, txn.keepalive_ms),
+        m.idempotency_key,
+        m.term,
+        m.persisted,
+        m.durable_tick,
+        [_wire_delivered(inner) for inner in m.body],
+    )
+
+
+def _cost(m: ImmutableMessage) -> int:
+    """A message's cost against byte credit (as the client counts it)."""
+    cost = len(m.payload)
+    for inner in m.body:
+        cost += len(inner.payload)
+    return cost
+
+
+def _message(wire: WireMessage) -> Message:
+    type_ = _TYPES.get(wire.type)
+    return Message(
+        payload=wire.payload,
+        vchannel=wire.vchannel,
+        type=wire.type if type_ is None else type_,  # type: ignore[arg-type]
+        properties=wire.properties,
+        idempotency_key=wire.idempotency_key,
+    )
+
+
+@final
+class _Stream:
+    """One client stream: its scanner's pump and its credit."""
+
+    __slots__ = ("bytes", "credit", "messages", "task")
+
+    def __init__(self, messages: int, bytes_: int) -> None:
+        self.messages = messages
+        self.bytes = bytes_
+        self.credit = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+
+@final
+class _Session:
+    """One client connection after its handshake."""
+
+    def __init__(self, node: NodeServer, writer: FrameWriter, peer: str) -> None:
+        self._node = node
+        self._writer = writer
+        self._peer = peer
+        self._handles: dict[int, tuple[LocalWAL, bool]] = {}
+        self._next_handle = 1
+        self._streams: dict[int, _Stream] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _send(self, item: msgspec.Struct) -> None:
+        self._writer.send(_encode(item))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _fail(self, request: int, error: BaseException) -> None:
+        if not isinstance(error, WALError):
+            _log.exception("request %d of %s failed", request, self._peer, exc_info=error)
+        self._send(Failed(request, error_code(error), str(error)))
+
+    def handle(self, message: ClientMessage) -> None:
+        if isinstance(message, Append):
+            self._spawn(self._append(message))
+        elif isinstance(message, Credit):
+            stream = self._streams.get(message.stream)
+            if stream is not None:
+                stream.messages += message.messages
+                stream.bytes += message.bytes
+                stream.credit.set()
+        elif isinstance(message, AppendMany):
+            self._spawn(self._append_many(message))
+        elif isinstance(message, Read):
+            self._read(message)
+        elif isinstance(message, CloseStream):
+            self._close_stream(message.stream)
+        elif isinstance(message, LatestId):
+            self._spawn(self._latest(message))
+        elif isinstance(message, OpenWal):
+            self._spawn(self._open(message))
+        elif isinstance(message, CloseWal):
+            self._handles.pop(message.wal, None)
+            self._send(Done(message.request))
+        else:
+            raise CorruptRecord(f"{type(message).__name__} after the handshake")
+
+    def _writable(self, handle: int) -> LocalWAL:
+        wal, read_only = self._wal(handle)
+        if read_only:
+            raise WALReadOnly(f"WAL {wal.pchannel!r} was opened read-only")
+        return wal
+
+    def _wal(self, handle: int) -> tuple[LocalWAL, bool]:
+        found = self._handles.get(handle)
+        if found is None:
+            raise InvalidArgument(f"no WAL is open with handle {handle} on this connection")
+        return found
+
+    async def _open(self, request: OpenWal) -> None:
+        try:
+            wal = await self._node.wal(request.pchannel)
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        handle = self._next_handle
+        self._next_handle += 1
+        self._handles[handle] = (wal, request.read_only)
+        scheme = self._node.url.partition("://")[0]
+        self._send(Opened(request.request, handle, wal.term, request.read_only, scheme))
+
+    async def _append(self, request: Append) -> None:
+        try:
+            result = await self._writable(request.wal).append(_message(request.message))
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(Appended(request.request, [_wire_result(result)]))
+
+    async def _append_many(self, request: AppendMany) -> None:
+        try:
+            wal = self._writable(request.wal)
+            results = await wal.append_many([_message(m) for m in request.messages])
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(Appended(request.request, [_wire_result(r) for r in results]))
+
+    async def _latest(self, request: LatestId) -> None:
+        try:
+            latest = await self._wal(request.wal)[0].latest_message_id()
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(LatestIdIs(request.request, None if latest is None else latest.marshal()))
+
+    def _read(self, request: Read) -> None:
+        if request.stream in self._streams:
+            self._send(StreamEnded(request.stream, ErrorCode.INVALID_ARGUMENT, "stream in use"))
+            return
+        try:
+            wal = self._wal(request.wal)[0]
+            position = (
+                None if request.deliver_id is None else unmarshal_message_id(request.deliver_id)
+            )
+            deliver = DeliverPolicy(
+                request.deliver,  # type: ignore[arg-type]
+                position,
+                request.after_timetick,
+            )
+            if deliver.kind not in ("all", "latest", "start_from", "start_after", "checkpoint"):
+                raise InvalidArgument(f"unknown deliver policy {deliver.kind!r}")
+            if deliver.kind in ("start_from", "start_after") and position is None:
+                raise InvalidArgument(f"deliver policy {deliver.kind!r} needs a message id")
+            selected = Filter(
+                vchannels=request.vchannels,
+                types=request.types,
+                min_timetick=request.min_timetick,
+            )
+            scanner = wal.read(
+                deliver,
+                [selected],
+                timeticks=request.timeticks,
+                txn_buffer_bytes=request.txn_buffer_bytes,
+            )
+        except Exception as exc:
+            self._send(StreamEnded(request.stream, error_code(exc), str(exc)))
+            return
+        stream = self._streams[request.stream] = _Stream(
+            request.credit_messages, request.credit_bytes
+        )
+        stream.task = asyncio.get_running_loop().create_task(
+            self._pump(request.stream, stream, scanner)
+        )
+
+    async def _pump(self, number: int, stream: _Stream, scanner: Any) -> None:
+        """Send the scanner's batches within the stream's credit."""
+        code, text = ErrorCode.OK, ""
+        try:
+            async for batch in scanner.batches():
+                start = 0
+                while start < len(batch):
+                    while stream.messages <= 0 or stream.bytes <= 0:
+                        stream.credit.clear()
+                        await stream.credit.wait()
+                    end, spent = start, 0
+                    limit = min(stream.bytes, _DELIVERY_BYTES)
+                    while end < len(batch) and end - start < stream.messages and spent < limit:
+                        spent += _cost(batch[end])
+                        end += 1
+                    stream.messages -= end - start
+                    stream.bytes -= spent
+                    self._send(Delivered(number, [_wire_delivered(m) for m in batch[start:end]]))
+                    start = end
+        except asyncio.CancelledError:
+            await scanner.aclose()
+            raise
+        except Exception as exc:
+            if not isinstance(exc, WALError):
+                _log.exception("stream %d of %s failed", number, self._peer)
+            code, text = error_code(exc), str(exc)
+        await scanner.aclose()
+        if self._streams.pop(number, None) is not None:
+            self._send(StreamEnded(number, code, text))
+
+    def _close_stream(self, number: int) -> None:
+        stream = self._streams.pop(number, None)
+        if stream is not None and stream.task is not None:
+            stream.task.cancel()
+        self._send(StreamEnded(number, ErrorCode.OK, ""))
+
+    async def aclose(self) -> None:
+        """Stop the streams; appends in flight finish (their answers go nowhere)."""
+        streams, self._streams = self._streams, {}
+        pumps = [s.task for s in streams.values() if s.task is not None]
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        self._handles.clear()
+
+
+@final
+class NodeServer:
+    """A running node (``walsvc.serve``): ``url`` is the ``walsvc://host:port`` clients
+    open, ``address`` the (host, port) it listens on."""
+
+    def __init__(self, url: str, *, token: str | None, wal_options: dict[str, Any]) -> None:
+        self.url = url
+        self._token = token
+        self._wal_options = wal_options
+        self._wals: dict[str, LocalWAL] = {}
+        self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
+        self._server: asyncio.Server | None = None
+        self._sessions: set[asyncio.Task[None]] = set()
+        #: Peers disconnected for breaking the protocol (for tests and monitoring).
+        self.refused_peers = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The host and port the node listens on."""
+        assert self._server is not None
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def node_url(self) -> str:
+        """The URL clients open: ``walsvc://host:port``."""
+        host, port = self.address
+        return f"walsvc://{host}:{port}"
+
+    async def wal(self, pchannel: str) -> LocalWAL:
+        """The node's WAL of ``pchannel``, opened (read-write) on first use."""
+        wal = self._wals.get(pchannel)
+        if wal is not None:
+            return wal
+        opening = self._opening.get(pchannel)
+        if opening is None:
+            opening = asyncio.get_running_loop().create_task(
+                open_wal(self.url, pchannel, **self._wal_options)
+            )
+            self._opening[pchannel] = opening
+        try:
+            wal = await asyncio.shield(opening)
+        finally:
+            if opening.done():
+                self._opening.pop(pchannel, None)
+        self._wals[pchannel] = wal
+        return wal
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen on ``host:port`` (port 0: any free port)."""
+        self._server = await asyncio.start_server(self._accept, host, port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._sessions.add(task)
+        try:
+            await self._serve_connection(reader, writer)
+        except asyncio.CancelledError:
+            pass  # the node is closing: the connection ends quietly
+        finally:
+            self._sessions.discard(task)
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        peer = str(writer.get_extra_info("peername"))
+        try:
+            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
+                hello = _decode(await read_frame(reader))
+            if len(hello) != 1 or not isinstance(hello[0], Hello):
+                raise CorruptRecord("the first frame must be one Hello")
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._refuse_peer(peer, exc)
+            writer.close()
+            return
+        refusal = self._check_hello(hello[0])
+        frames = FrameWriter(writer)
+        if refusal is not None:
+            frames.send(_encode(refusal))
+            await frames.aclose()
+            return
+        version = negotiate((hello[0].min_version, hello[0].max_version))
+        assert version is not None
+        frames.send(_encode(Welcome(version, *NODE_VERSIONS, "walsvc-python")))
+        session = _Session(self, frames, peer)
+        try:
+            while not frames.closed:
+                for message in _decode(await read_frame(reader)):
+                    session.handle(message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._refuse_peer(peer, exc)
+        finally:
+            await session.aclose()
+            await frames.aclose(flush_timeout=1.0)
+
+    def _refuse_peer(self, peer: str, error: Exception) -> None:
+        self.refused_peers += 1
+        _log.warning("disconnected %s: %s", peer, error)
+
+    def _check_hello(self, hello: Hello) -> Refused | None:
+        low, high = NODE_VERSIONS
+        if negotiate((hello.min_version, hello.max_version)) is None:
+            return Refused(
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"node speaks versions {low}..{high}",
+                low,
+                high,
+            )
+        if self._token is not None and not hmac.compare_digest(
+            (hello.token or "").encode(), self._token.encode()
+        ):
+            return Refused(ErrorCode.UNAUTHENTICATED, "bad or missing token", low, high)
+        return None
+
+    async def aclose(self) -> None:
+        """Stop listening, end every connection and close every WAL."""
+        if self._server is not None:
+            self._server.close()
+        sessions = list(self._sessions)
+        for task in sessions:
+            task.cancel()
+        await asyncio.gather(*sessions, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        wals, self._wals = self._wals, {}
+        for wal in wals.values():
+            await wal.aclose()
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    url: str,
+    listen: str = "127.0.0.1:0",
+    *,
+    token: str | None = None,
+    **wal_options: Any,
+) -> AsyncIterator[NodeServer]:
+    """Serve the pchannels of the log at ``url`` (any backend URL) on ``listen``
+    (``host:port``; port 0 picks a free one) until the block exits:
+    ``async with walsvc.serve("file:///data/wal") as node: ... node.node_url``.
+
+    The node opens each pchannel read-write on its first client's request, with
+    ``wal_options`` (``walsvc.open_wal``'s: chain, message size limit, tail cache,
+    backend options), and is its single writer. ``token``: clients must present it
+    (``open_wal(..., token=...)``)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidArgument(f"listen must be host:port, not {listen!r}")
+    node = NodeServer(url, token=token, wal_options=dict(wal_options))
+    await node.start(host.strip("[]") or "127.0.0.1", int(port))
+    try:
+        yield node
+    finally:
+        await node.aclose()
