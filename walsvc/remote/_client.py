@@ -152,6 +152,7 @@ class Connection:
         "_streams",
         "_where",
         "_writer",
+        "received_bytes",
         "version",
     )
 
@@ -167,6 +168,8 @@ class Connection:
         self._pending: dict[int, _Pending] = {}
         self._streams: dict[int, RemoteScanner] = {}
         self._lost: WALError | None = None
+        #: Frame bytes received from the node (length prefixes included).
+        self.received_bytes = 0
         self._reading = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -260,7 +263,9 @@ class Connection:
         reason: WALError = BackendUnavailable(f"the connection to {self._where} closed")
         try:
             while True:
-                for message in _decode(await read_frame(self._reader)):
+                body = await read_frame(self._reader)
+                self.received_bytes += len(body) + FRAME_HEADER.size
+                for message in _decode(body):
                     self._dispatch(message)
         except asyncio.IncompleteReadError:
             pass
@@ -410,6 +415,11 @@ class RemoteWAL(WAL):
         return 0 if self._read_only else self._term
 
     @property
+    def connection(self) -> Connection:
+        """The connection to the node (for tools and tests)."""
+        return self._conn
+
+    @property
     def url(self) -> str:
         """The node's URL (``walsvc://host:port``)."""
         return self._conn.where
@@ -549,7 +559,7 @@ class RemoteWAL(WAL):
         self._closed = True
         scanners, self._scanners = self._scanners, set()
         for scanner in scanners:
-            scanner._finish(WALClosed("the WAL of this scanner is closed"))
+            scanner._close_for_wal()
         conn = self._conn
         try:
             request = conn.next_id()
@@ -638,13 +648,21 @@ class RemoteScanner(Scanner):
             waiter.set_result(None)
 
     def _deliver(self, messages: list[WireDelivered]) -> None:
-        if messages:
+        if messages and self._end is None:
             self._buffer.append(messages)
             self._wake()
 
     def _finish(self, error: WALError | None) -> None:
         if self._end is None:
             self._end = _ENDED if error is None else error
+        self._wake()
+
+    def _close_for_wal(self) -> None:
+        """The WAL closed: nothing buffered is delivered; reads raise ``WALClosed``."""
+        self._buffer.clear()
+        self._batch, self._index = (), 0
+        self._end = WALClosed("the WAL of this scanner is closed")
+        self._wal._conn.forget_stream(self._stream)
         self._wake()
 
     async def __anext__(self) -> ImmutableMessage:

@@ -1,0 +1,100 @@
+"""Protocol v1 (docs/protocol.md): the error table, version negotiation, frame layout and
+batching, and the byte forms the document shows."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+import walsvc
+from walsvc.remote import _protocol as p
+from walsvc.remote._frames import FrameTooLarge, FrameWriter, read_frame
+
+
+def test_every_error_code_maps_to_one_walsvc_error_and_back() -> None:
+    codes = {
+        value for name, value in vars(p.ErrorCode).items() if name.isupper() and value < 100
+    } - {p.ErrorCode.OK}
+    for code in codes:
+        error = p.error_from(code, "node said so")
+        assert str(error) == "node said so"
+        assert p.error_code(error) == code
+    named = {type(p.error_from(code, "")).__name__ for code in codes}
+    errors = {
+        name
+        for name in walsvc.__all__
+        if isinstance(getattr(walsvc, name), type)
+        and issubclass(getattr(walsvc, name), walsvc.WALError)
+    }
+    assert named == errors  # every walsvc error has a code
+    assert p.error_code(KeyError("bug")) == p.ErrorCode.WAL_ERROR
+    assert type(p.error_from(999, "new")) is walsvc.WALError
+
+
+@pytest.mark.parametrize(
+    ("client", "chosen"),
+    [((1, 1), 1), ((0, 5), 1), ((1, 3), 1), ((2, 3), None), ((0, 0), None)],
+)
+def test_negotiation_picks_the_highest_common_version(
+    client: tuple[int, int], chosen: int | None
+) -> None:
+    assert p.negotiate(client, (1, 1)) == chosen
+    assert p.negotiate((1, 4), (2, 3)) == 3
+
+
+def test_the_byte_forms_the_document_shows() -> None:
+    encode = msgspec.msgpack.encode
+    assert encode(p.Hello(1, 1, None, "x")) == b"\x95\x01\x01\x01\xc0\xa1x"
+    assert encode(p.Credit(7, 100, 65536)) == b"\x94\x07\x07\x64\xce\x00\x01\x00\x00"
+    assert p.array_header(3) == b"\x93"
+    assert p.array_header(300) == b"\xdc\x01\x2c"
+    assert p.array_header(70000) == b"\xdd\x00\x01\x11\x70"
+    decoded = msgspec.msgpack.decode(
+        b"\x92" + encode(p.Hello(1, 2, "t", "c")) + encode(p.CloseStream(4)),
+        type=list[p.ClientMessage],
+    )
+    assert decoded == [p.Hello(1, 2, "t", "c"), p.CloseStream(4)]
+
+
+async def test_a_writer_batches_what_one_loop_turn_queued_into_one_frame() -> None:
+    frames: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                frames.append(await read_frame(reader))
+        except asyncio.IncompleteReadError:
+            done.set()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    _, client = await asyncio.open_connection("127.0.0.1", port)
+    writer = FrameWriter(client)
+    sent: list[int] = []
+    for i in range(100):
+        writer.send(msgspec.msgpack.encode(p.CloseStream(i)), lambda i=i: sent.append(i))
+    await writer.aclose()
+    await asyncio.wait_for(done.wait(), 10)
+    server.close()
+    await server.wait_closed()
+    assert len(frames) == 1
+    assert msgspec.msgpack.decode(frames[0], type=list[p.ClientMessage]) == [
+        p.CloseStream(i) for i in range(100)
+    ]
+    assert sent == list(range(100))
+
+
+async def test_a_length_prefix_above_the_limit_is_refused_before_the_body() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(p.FRAME_HEADER.pack(p.MAX_FRAME_BYTES + 1))
+    with pytest.raises(FrameTooLarge):
+        await read_frame(reader)
+    reader = asyncio.StreamReader()
+    reader.feed_data(p.FRAME_HEADER.pack(3) + b"\x91\x91\x08")
+    reader.feed_eof()
+    assert await read_frame(reader) == b"\x91\x91\x08"
