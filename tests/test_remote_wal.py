@@ -102,8 +102,6 @@ async def test_unserved_methods_say_so(node: str) -> None:
                 await call
         with pytest.raises(walsvc.InvalidArgument, match="not served"):
             wal.read(subscription="s")
-        with pytest.raises(walsvc.InvalidArgument, match="not served"):
-            wal.read(raw=True)
         scanner = wal.read()
         with pytest.raises(walsvc.InvalidArgument, match="not served"):
             await scanner.ack((await _take(scanner, 1))[0])

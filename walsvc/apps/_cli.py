@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import itertools
 import math
 import platform
@@ -38,7 +37,7 @@ from walsvc.wal._api import WAL
 from walsvc.wal._open import open_wal
 
 from ._check_command import add_check_parser, run_check_command
-from ._cli_args import UsageError, int_at_least
+from ._cli_args import UsageError, event_loop, int_at_least
 from ._flush_command import add_flush_parser, run_flush_command
 from ._serve_command import add_serve_parser, run_serve_command
 
@@ -110,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fresh=args.fresh,
         progress=args.progress,
     )
-    loop_factory, loop_name = _event_loop()
+    loop_factory, loop_name = event_loop()
     try:
         if options.fresh:
             _delete_file_log(options.url)
@@ -175,15 +174,6 @@ def _parser() -> argparse.ArgumentParser:
     add_check_parser(commands)
     add_serve_parser(commands)
     return parser
-
-
-def _event_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
-    """uvloop when it is installed (the ``uvloop`` extra), else the stock asyncio loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop, "asyncio"
-    return uvloop.new_event_loop, f"uvloop {importlib.metadata.version('uvloop')}"
 
 
 def _delete_file_log(url: str) -> None:

@@ -1,11 +1,14 @@
-"""What the ``walsvc`` subcommands share: the usage error and argument types."""
+"""What the ``walsvc`` subcommands share: the usage error, argument types and the event
+loop they run on."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.metadata
 from collections.abc import Callable
 
-__all__ = ("UsageError", "int_at_least")
+__all__ = ("UsageError", "event_loop", "int_at_least")
 
 
 class UsageError(Exception):
@@ -25,3 +28,12 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def event_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    """uvloop when it is installed (the ``uvloop`` extra), else the stock asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop, "asyncio"
+    return uvloop.new_event_loop, f"uvloop {importlib.metadata.version('uvloop')}"

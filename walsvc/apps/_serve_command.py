@@ -19,7 +19,7 @@ from typing import Any
 from walsvc.core._errors import WALError
 from walsvc.service._server import serve
 
-from ._cli_args import UsageError
+from ._cli_args import UsageError, event_loop
 
 __all__ = ("add_serve_parser", "run_serve_command")
 
@@ -64,8 +64,10 @@ async def _serve(args: argparse.Namespace) -> None:
 def run_serve_command(args: argparse.Namespace) -> int:
     """Run ``walsvc serve``; return the exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    loop_factory, _ = event_loop()
     try:
-        asyncio.run(_serve(args))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_serve(args))
     except (WALError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ has credit (messages and payload bytes): the node sends no more than the client 
 and the client grants more as the user consumes, so a slow reader holds only its window.
 
 Not served yet (each raises ``InvalidArgument`` saying so): transactions, durable
-subscriptions and ``ack``, ``truncate``, ``delete_subscription``, ``raw`` reads. A lost
+subscriptions and ``ack``, ``truncate``, ``delete_subscription``. A lost
 connection fails what is pending (``AppendOutcomeUnknown`` for an append that was sent,
 ``BackendUnavailable`` for anything else); reconnection comes later.
 """
@@ -492,13 +492,11 @@ class RemoteWAL(WAL):
     ) -> RemoteScanner:
         """A scanner fed by the node (``WAL.read``'s semantics; the node filters by
         header before it sends, and sends no more than the stream's credit).
-        ``use_cache`` is the node's choice (it reads its tail cache when it can); ``raw``
-        and ``subscription`` are not served over walsvc:// yet (``InvalidArgument``)."""
+        ``use_cache`` is the node's choice (it reads its tail cache when it can);
+        ``subscription`` is not served over walsvc:// yet (``InvalidArgument``)."""
         self._check_open()
         if not isinstance(deliver, DeliverPolicy):
             raise TypeError(f"deliver must be a walsvc.DeliverPolicy, not {deliver!r}")
-        if raw:
-            raise _not_served("raw reads")
         if subscription is not None:
             raise _not_served("subscription (durable subscriptions and ack)")
         if type(txn_buffer_bytes) is not int or txn_buffer_bytes < 0:
@@ -523,6 +521,7 @@ class RemoteWAL(WAL):
                 None if selected.types is None else sorted(selected.types),
                 selected.min_timetick,
                 bool(timeticks),
+                bool(raw),
                 txn_buffer_bytes,
                 window_messages,
                 window_bytes,

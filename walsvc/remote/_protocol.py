@@ -270,6 +270,7 @@ class Read(msgspec.Struct, array_like=True, frozen=True, tag=6):
     types: list[int] | None
     min_timetick: int
     timeticks: bool
+    raw: bool
     txn_buffer_bytes: int
     credit_messages: int
     credit_bytes: int

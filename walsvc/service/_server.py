@@ -256,6 +256,7 @@ class _Session:
                 deliver,
                 [selected],
                 timeticks=request.timeticks,
+                raw=request.raw,
                 txn_buffer_bytes=request.txn_buffer_bytes,
             )
         except Exception as exc:
