@@ -123,12 +123,22 @@ class _Pending:
 class _Ids:
     """Parses marshalled ids, finding each scheme's id class once."""
 
-    __slots__ = ("_classes",)
+    __slots__ = ("_classes", "_last", "_last_text")
 
     def __init__(self) -> None:
         self._classes: dict[str, type[MessageId]] = {}
+        # The last id parsed: results and messages repeat the same last-confirmed id.
+        self._last_text = ""
+        self._last: MessageId | None = None
 
     def __call__(self, text: str) -> MessageId:
+        if text == self._last_text and self._last is not None:
+            return self._last
+        parsed = self._parse(text)
+        self._last_text, self._last = text, parsed
+        return parsed
+
+    def _parse(self, text: str) -> MessageId:
         scheme, _, position = text.partition(":")
         cls = self._classes.get(scheme)
         if cls is None:
@@ -275,7 +285,11 @@ class Connection:
             self._fail_all(reason)
 
     def _dispatch(self, message: NodeMessage) -> None:
-        if isinstance(message, Delivered):
+        if type(message) is Appended:  # the common answer first
+            pending = self._pending.pop(message.request, None)
+            if pending is not None and not pending.future.done():
+                pending.future.set_result(message)
+        elif isinstance(message, Delivered):
             scanner = self._streams.get(message.stream)
             if scanner is not None:
                 scanner._deliver(message.messages)
@@ -368,6 +382,7 @@ class RemoteWAL(WAL):
         "_conn",
         "_handle",
         "_ids",
+        "_lc_ids",
         "_pchannel",
         "_read_only",
         "_scanners",
@@ -391,6 +406,7 @@ class RemoteWAL(WAL):
         self._pchannel = pchannel
         self._closed = False
         self._ids = _Ids()
+        self._lc_ids = _Ids()  # its own one-entry cache: last-confirmed ids repeat
         self._scanners: set[RemoteScanner] = set()
         self._window = window
 
@@ -436,7 +452,7 @@ class RemoteWAL(WAL):
     def _result(self, wire: WireResult) -> AppendResult:
         lc = wire.last_confirmed_id
         return AppendResult(
-            self._ids(wire.message_id), wire.timetick, None if lc is None else self._ids(lc)
+            self._ids(wire.message_id), wire.timetick, None if lc is None else self._lc_ids(lc)
         )
 
     async def wait_ready(self) -> None:
@@ -584,7 +600,7 @@ class RemoteWAL(WAL):
             MessageType(wire.type) if type_ is None else type_,
             wire.payload,
             wire.properties,
-            None if lc is None else ids(lc),
+            None if lc is None else self._lc_ids(lc),
             None if txn is None else TxnContext(*txn),
             wire.idempotency_key,
             wire.term,

@@ -120,9 +120,10 @@ def _message(wire: WireMessage) -> Message:
 class _Stream:
     """One client stream: its scanner's pump and its credit."""
 
-    __slots__ = ("bytes", "credit", "messages", "task")
+    __slots__ = ("bytes", "credit", "messages", "task", "wal")
 
-    def __init__(self, messages: int, bytes_: int) -> None:
+    def __init__(self, wal: int, messages: int, bytes_: int) -> None:
+        self.wal = wal
         self.messages = messages
         self.bytes = bytes_
         self.credit = asyncio.Event()
@@ -176,6 +177,9 @@ class _Session:
             self._spawn(self._open(message))
         elif isinstance(message, CloseWal):
             self._handles.pop(message.wal, None)
+            for number, stream in list(self._streams.items()):
+                if stream.wal == message.wal:
+                    self._close_stream(number)
             self._send(Done(message.request))
         else:
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
@@ -263,7 +267,7 @@ class _Session:
             self._send(StreamEnded(request.stream, error_code(exc), str(exc)))
             return
         stream = self._streams[request.stream] = _Stream(
-            request.credit_messages, request.credit_bytes
+            request.wal, request.credit_messages, request.credit_bytes
         )
         stream.task = asyncio.get_running_loop().create_task(
             self._pump(request.stream, stream, scanner)
