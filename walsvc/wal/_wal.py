@@ -441,36 +441,8 @@ class LocalWAL(WAL):
         txn_buffer_bytes: int = DEFAULT_TXN_BUFFER_BYTES,
         checkpoint_interval: float = 1.0,
     ) -> LocalScanner:
-        """A scanner from ``deliver`` over the messages every filter admits.
-
-        Messages come in timetick order; a transaction is delivered once committed, as
-        one ``MessageType.TXN`` message whose ``body`` holds its messages (its open
-        bodies are held, up to ``txn_buffer_bytes`` per scanner, else ``TxnBufferFull``).
-        ``raw=True`` delivers the log exactly as stored instead (transaction control and
-        bodies included). On a writer, scanners read the tail cache when it holds what
-        they need next (``use_cache=False``: always the backend).
-
-        The WAL's own TimeTicks (``MessageType.TIME_TICK``: one at each open, then one
-        after each burst of appends, and while a scanner waits at the end of the log the
-        unpersisted idle ticks of the timetick sync, ``persisted=False``) are left out
-        unless ``timeticks=True`` (or ``raw=True``). Filters never drop them: a tick
-        passes every filter, so a reader of a quiet vchannel that asks for them still
-        sees time move.
-
-        ``subscription="name"`` makes the scanner resume after the last message
-        acknowledged with ``await scanner.ack(message)`` by an earlier scanner of that
-        name (``deliver`` applies only when the subscription has no checkpoint yet, and is
-        resolved at the first read, when the checkpoint is loaded). Its
-        checkpoint is stored with the log, written at most every ``checkpoint_interval``
-        seconds and on ``aclose``; a reader that dies between two writes gets again the
-        messages after the last written checkpoint. While every delivered message is
-        acknowledged, the TimeTicks left out move the checkpoint on, so a subscription on
-        a quiet vchannel does not fall behind the log. One scanner per name at a time
-        (``SubscriptionBusy``). A subscription is a position among the messages of its
-        filter: it keeps the vchannels and types it was first read with, and a scanner
-        that asks for other ones gets ``SubscriptionMismatch`` at its first read (use
-        another name, or ``delete_subscription`` first).
-        """
+        """``WAL.read``: a scanner from ``deliver`` over the messages every filter admits
+        (see ``WAL.read`` for what it delivers, ticks and subscriptions)."""
         if self._closed:
             raise WALClosed(f"WAL {self.pchannel!r} is closed")
         if not isinstance(deliver, DeliverPolicy):
