@@ -2,7 +2,8 @@
 
 Prints one line, ``walsvc node serving URL at walsvc://HOST:PORT``, once it listens (a
 supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C.
-``--sync`` is the file backend's sync mode; the bearer token comes from the environment
+``--sync`` is the file backend's sync mode; ``--tls-cert``/``--tls-key`` serve over TLS
+(``--tls-client-ca`` demands client certificates); the bearer token comes from the environment
 variable ``WALSVC_TOKEN`` (never the command line, where ``ps`` would show it).
 """
 
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 from typing import Any
 
@@ -39,6 +41,12 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--listen", default="127.0.0.1:7070", help="host:port (port 0: any free port)"
     )
+    parser.add_argument("--tls-cert", help="serve over TLS: the node's certificate chain (PEM)")
+    parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    parser.add_argument(
+        "--tls-client-ca",
+        help="demand client certificates signed by this CA (PEM); needs --tls-cert",
+    )
     parser.add_argument(
         "--sync",
         choices=("always", "none"),
@@ -56,9 +64,26 @@ async def _serve(args: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     token = os.environ.get("WALSVC_TOKEN") or None
-    async with serve(args.url, args.listen, token=token, **options) as node:
+    async with serve(args.url, args.listen, token=token, tls=_tls(args), **options) as node:
         print(f"walsvc node serving {args.url} at {node.node_url}", flush=True)
         await stop.wait()
+
+
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The server's TLS context from ``--tls-cert``/``--tls-key``/``--tls-client-ca``."""
+    if args.tls_cert is None:
+        if args.tls_key is not None or args.tls_client_ca is not None:
+            raise UsageError("--tls-key and --tls-client-ca need --tls-cert")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        if args.tls_client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(args.tls_client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load the TLS certificate or key: {exc}") from exc
+    return context
 
 
 def run_serve_command(args: argparse.Namespace) -> int:

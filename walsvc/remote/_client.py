@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, Final, final
@@ -191,13 +192,23 @@ class Connection:
         token: str | None = None,
         versions: tuple[int, int] = NODE_VERSIONS,
         connect_timeout: float = 10.0,
+        tls: ssl.SSLContext | None = None,
     ) -> Connection:
-        """Connect to the node at ``host:port`` and run the handshake. Raises
-        ``BackendUnavailable`` if it cannot be reached, ``WALError`` if it refuses."""
+        """Connect to the node at ``host:port`` (over TLS with ``tls``) and run the
+        handshake. Raises ``BackendUnavailable`` if it cannot be reached, ``WALError`` if
+        it refuses (a certificate that does not verify included)."""
         where = f"walsvc://{host}:{port}"
         try:
             async with asyncio.timeout(connect_timeout):
-                reader, writer = await asyncio.open_connection(host, port)
+                reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+        except ssl.SSLCertVerificationError as exc:
+            raise WALError(
+                f"TLS: the node at {where} has a certificate that does not verify: {exc}"
+            ) from exc
+        except ssl.SSLError as exc:
+            raise BackendUnavailable(
+                f"TLS handshake with the node at {where} failed: {exc}"
+            ) from exc
         except (OSError, TimeoutError) as exc:
             raise BackendUnavailable(f"cannot reach the node at {where}: {exc}") from exc
         try:
@@ -208,7 +219,10 @@ class Connection:
                 answer = _decode(await read_frame(reader))
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
             writer.close()
-            raise BackendUnavailable(f"the node at {where} did not answer the handshake") from exc
+            hint = "" if tls is not None else " (does it require TLS?)"
+            raise BackendUnavailable(
+                f"the node at {where} did not answer the handshake{hint}"
+            ) from exc
         except (msgspec.DecodeError, CorruptRecord) as exc:
             writer.close()
             raise CorruptRecord(f"the node at {where} answered garbage: {exc}") from exc
@@ -788,6 +802,7 @@ async def open_remote_wal(
     window_messages: int = DEFAULT_WINDOW_MESSAGES,
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     connect_timeout: float = 10.0,
+    tls: ssl.SSLContext | None = None,
 ) -> RemoteWAL:
     """Open ``pchannel`` on the node at ``url`` (``walsvc://host:port``) over a new
     connection (see ``walsvc.open_wal``)."""
@@ -800,7 +815,12 @@ async def open_remote_wal(
             raise InvalidArgument(f"{name} must be an int >= 1, not {value!r}")
     host = host.strip("[]")
     conn = await Connection.connect(
-        host, int(port_text), token=token, versions=versions, connect_timeout=connect_timeout
+        host,
+        int(port_text),
+        token=token,
+        versions=versions,
+        connect_timeout=connect_timeout,
+        tls=tls,
     )
     try:
         request = conn.next_id()

@@ -66,10 +66,11 @@ async def open_wal(
     allocator, the message size limit and the tail cache, so those arguments must keep
     their defaults (else ``InvalidArgument``); ``read_only=True`` gives a handle that
     reads and refuses appends, without fencing anything. Its options: ``token`` (the
-    node's bearer token), ``window_messages`` and ``window_bytes`` (each scanner's
-    credit: how much the node may send ahead of the reader), ``connect_timeout``.
-    Transactions, durable subscriptions, ``truncate`` and raw reads are not served over
-    ``walsvc://`` yet and raise ``InvalidArgument`` saying so.
+    node's bearer token), ``tls`` (an ``ssl.SSLContext`` trusting the node's certificate,
+    with a client certificate loaded if the node demands one), ``window_messages`` and
+    ``window_bytes`` (each scanner's credit: how much the node may send ahead of the
+    reader), ``connect_timeout``. Transactions, durable subscriptions and ``truncate``
+    are not served over ``walsvc://`` yet and raise ``InvalidArgument`` saying so.
 
     Raises ``UnknownBackend`` for an unknown scheme or a missing extra,
     ``InvalidArgument`` for a malformed URL, pchannel or option value, and

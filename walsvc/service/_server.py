@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any, Final, final
 
@@ -324,9 +325,17 @@ class NodeServer:
     """A running node (``walsvc.serve``): ``url`` is the ``walsvc://host:port`` clients
     open, ``address`` the (host, port) it listens on."""
 
-    def __init__(self, url: str, *, token: str | None, wal_options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None,
+        wal_options: dict[str, Any],
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.url = url
         self._token = token
+        self._tls = tls
         self._wal_options = wal_options
         self._wals: dict[str, LocalWAL] = {}
         self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
@@ -369,7 +378,13 @@ class NodeServer:
 
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port`` (port 0: any free port)."""
-        self._server = await asyncio.start_server(self._accept, host, port)
+        self._server = await asyncio.start_server(
+            self._accept,
+            host,
+            port,
+            ssl=self._tls,
+            ssl_handshake_timeout=_HANDSHAKE_TIMEOUT if self._tls is not None else None,
+        )
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -460,6 +475,7 @@ async def serve(
     listen: str = "127.0.0.1:0",
     *,
     token: str | None = None,
+    tls: ssl.SSLContext | None = None,
     **wal_options: Any,
 ) -> AsyncIterator[NodeServer]:
     """Serve the pchannels of the log at ``url`` (any backend URL) on ``listen``
@@ -469,11 +485,14 @@ async def serve(
     The node opens each pchannel read-write on its first client's request, with
     ``wal_options`` (``walsvc.open_wal``'s: chain, message size limit, tail cache,
     backend options), and is its single writer. ``token``: clients must present it
-    (``open_wal(..., token=...)``)."""
+    (``open_wal(..., token=...)``). ``tls``: a server-side ``ssl.SSLContext`` (its
+    certificate chain loaded; ``verify_mode = CERT_REQUIRED`` with a CA loaded to demand
+    client certificates): every connection then starts with a TLS handshake, and a
+    client that does not speak TLS is disconnected by it."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise InvalidArgument(f"listen must be host:port, not {listen!r}")
-    node = NodeServer(url, token=token, wal_options=dict(wal_options))
+    node = NodeServer(url, token=token, wal_options=dict(wal_options), tls=tls)
     await node.start(host.strip("[]") or "127.0.0.1", int(port))
     try:
         yield node
