@@ -52,17 +52,43 @@ class Scanner(abc.ABC):
     left out unless asked for (``timeticks``).
     """
 
-    __slots__ = ()
+    # The batch being handed out one message at a time, and the next message's index.
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self) -> None:
+        self._batch: Sequence[ImmutableMessage] = ()
+        self._index = 0
 
     def __aiter__(self) -> Scanner:
         return self
 
-    @abc.abstractmethod
-    async def __anext__(self) -> ImmutableMessage: ...
+    async def __anext__(self) -> ImmutableMessage:
+        index = self._index
+        batch = self._batch
+        if index < len(batch):
+            self._index = index + 1
+            return batch[index]
+        batch = await self._next_batch()
+        self._batch = batch
+        self._index = 1
+        return batch[0]
+
+    async def batches(self) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
+        """Iterate in batches (each non-empty) instead of one message at a time."""
+        if self._index < len(self._batch):
+            rest = self._batch[self._index :]
+            self._batch, self._index = (), 0
+            yield rest
+        while True:
+            try:
+                yield await self._next_batch()
+            except StopAsyncIteration:
+                return
 
     @abc.abstractmethod
-    def batches(self) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
-        """Iterate in batches (each non-empty) instead of one message at a time."""
+    async def _next_batch(self) -> Sequence[ImmutableMessage]:
+        """The next non-empty batch, waiting for one; raises ``StopAsyncIteration`` once
+        the scanner is closed (and what a read raises)."""
 
     @abc.abstractmethod
     async def ack(self, message: ImmutableMessage) -> None:

@@ -22,7 +22,7 @@ the newest message's tick). Every other scanner waits for data only
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final, final
 
@@ -78,13 +78,11 @@ class LocalScanner(Scanner):
 
     __slots__ = (
         "_acked_last",
-        "_batch",
         "_checkpoints",
         "_deliver",
         "_delivered",
         "_dropped_tick",
         "_floor",
-        "_index",
         "_last_out",
         "_noted_tick",
         "_on_close",
@@ -113,10 +111,9 @@ class LocalScanner(Scanner):
         txn_buffer_bytes: int = 64 << 20,
         subscription: Subscription | None = None,
     ) -> None:
+        super().__init__()
         self._open_source = open_source
         self._on_close = on_close
-        self._batch: Sequence[ImmutableMessage] = ()
-        self._index = 0
         self._user_closed = False
         self._wal_closed = False
         self._delivered = 0
@@ -181,32 +178,6 @@ class LocalScanner(Scanner):
         )
         deliver = self._deliver if start is None else DeliverPolicy.from_checkpoint(start)
         return self._start(deliver)
-
-    def __aiter__(self) -> LocalScanner:
-        return self
-
-    async def __anext__(self) -> ImmutableMessage:
-        index = self._index
-        batch = self._batch
-        if index < len(batch):
-            self._index = index + 1
-            return batch[index]
-        batch = await self._next_batch()
-        self._batch = batch
-        self._index = 1
-        return batch[0]
-
-    async def batches(self) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
-        """Iterate in batches (each non-empty) instead of one message at a time."""
-        if self._index < len(self._batch):
-            rest = self._batch[self._index :]
-            self._batch, self._index = (), 0
-            yield rest
-        while True:
-            try:
-                yield await self._next_batch()
-            except StopAsyncIteration:
-                return
 
     async def _next_batch(self) -> Sequence[ImmutableMessage]:
         if self._user_closed:

@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import ssl
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, final
 
 import msgspec
@@ -636,11 +636,9 @@ class RemoteScanner(Scanner):
     for credit beyond that."""
 
     __slots__ = (
-        "_batch",
         "_buffer",
         "_delivered",
         "_end",
-        "_index",
         "_owed_bytes",
         "_owed_messages",
         "_position",
@@ -659,9 +657,8 @@ class RemoteScanner(Scanner):
         self._stream = stream
         self._window_messages = window_messages
         self._window_bytes = window_bytes
+        super().__init__()
         self._buffer: deque[list[WireDelivered]] = deque()
-        self._batch: Sequence[ImmutableMessage] = ()
-        self._index = 0
         self._waiter: asyncio.Future[None] | None = None
         #: Why the stream ended: None while it runs; ``_CLOSED`` for a normal end.
         self._end: WALError | object | None = None
@@ -693,29 +690,6 @@ class RemoteScanner(Scanner):
         self._end = WALClosed("the WAL of this scanner is closed")
         self._wal._conn.forget_stream(self._stream)
         self._wake()
-
-    async def __anext__(self) -> ImmutableMessage:
-        index = self._index
-        batch = self._batch
-        if index < len(batch):
-            self._index = index + 1
-            return batch[index]
-        batch = await self._next_batch()
-        self._batch = batch
-        self._index = 1
-        return batch[0]
-
-    async def batches(self) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
-        """Iterate in batches (each non-empty) instead of one message at a time."""
-        if self._index < len(self._batch):
-            rest = self._batch[self._index :]
-            self._batch, self._index = (), 0
-            yield rest
-        while True:
-            try:
-                yield await self._next_batch()
-            except StopAsyncIteration:
-                return
 
     async def _next_batch(self) -> Sequence[ImmutableMessage]:
         while not self._buffer:

@@ -360,19 +360,8 @@ class LocalWAL(WAL):
     async def begin_txn(
         self, vchannel: str, *, keepalive: float = 10.0, idempotency_key: str | None = None
     ) -> Txn:
-        """Open a transaction on ``vchannel``: append its BeginTxn and return the handle.
-
-        ``keepalive`` (seconds) is how long the transaction may go without a body append
-        before the WAL rolls it back; it is measured in timeticks. Needs a transaction
-        interceptor in the chain (the default chain has one).
-
-        ``idempotency_key`` makes the transaction exactly-once, as a key does a message:
-        its CommitTxn carries the key, and if a transaction with that key on ``vchannel``
-        committed (within the dedup window, across restarts too), this returns a replay
-        (``Txn.replayed``) that appends nothing and answers with that run's results. A
-        commit in flight with the key is waited for. Needs ``interceptors.Dedup`` in the
-        chain (the default chain has it).
-        """
+        """``WAL.begin_txn``: append the BeginTxn of a transaction on ``vchannel`` and
+        return its handle (or the replay of a committed one with ``idempotency_key``)."""
         self._check_writable()
         if not any(manages_transactions(m) for m in self._members):
             raise InvalidArgument(
