@@ -9,6 +9,7 @@ subscriptions and ``ack``, ``truncate``, ``delete_subscription``.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import ssl
 from collections.abc import Iterable
 from typing import Final, final
@@ -34,9 +35,10 @@ from walsvc.core._message import (
 from walsvc.wal._api import DEFAULT_TXN_BUFFER_BYTES, WAL
 from walsvc.write._txn import Txn
 
-from ._connection import Connection
+from ._connection import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT_TIMEOUT, Connection
 from ._protocol import (
     NODE_VERSIONS,
+    PRODUCER_KEY_PREFIX,
     Append,
     Appended,
     AppendMany,
@@ -95,14 +97,39 @@ class _Ids:
         return cls.from_position(position)
 
 
-def _wire(message: Message) -> WireMessage:
+def _wire(message: Message, key: str | None) -> WireMessage:
     return WireMessage(
         message.payload,
         message.vchannel,
         int(message.type),
         dict(message.properties),
-        message.idempotency_key,
+        key,
     )
+
+
+@final
+class _ProducerKeys:
+    """Gives each message appended without an idempotency key a producer key: this
+    producer's random id and a sequence number (``~<id>.<n>``), so that a resend after
+    a lost connection lands once. A key of the user's passes unchanged."""
+
+    __slots__ = ("_next", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = f"{PRODUCER_KEY_PREFIX}{secrets.token_urlsafe(12)}."
+        self._next = 0
+
+    def __call__(self, message: Message) -> str:
+        key = message.idempotency_key
+        if key is None:
+            self._next += 1
+            return f"{self._prefix}{self._next:x}"
+        if key.startswith(PRODUCER_KEY_PREFIX):
+            raise InvalidMessage(
+                f"idempotency keys beginning with {PRODUCER_KEY_PREFIX!r} are walsvc's"
+                f" producer keys over walsvc://, not {key!r}"
+            )
+        return key
 
 
 def _check_user_message(message: Message) -> None:
@@ -128,6 +155,7 @@ class RemoteWAL(WAL):
         "_conn",
         "_handle",
         "_ids",
+        "_keys",
         "_lc_ids",
         "_pchannel",
         "_read_only",
@@ -143,6 +171,8 @@ class RemoteWAL(WAL):
         opened: Opened,
         pchannel: str,
         window: tuple[int, int],
+        *,
+        exactly_once: bool = True,
     ) -> None:
         self._conn = conn
         self._handle = opened.wal
@@ -155,6 +185,18 @@ class RemoteWAL(WAL):
         self._lc_ids = _Ids()  # its own one-entry cache: last-confirmed ids repeat
         self._scanners: set[RemoteScanner] = set()
         self._window = window
+        self._keys = _ProducerKeys() if exactly_once else None
+        conn.on_reconnect(self._reopen)
+
+    async def _reopen(self, conn: Connection) -> int:
+        """Open this WAL again on a new socket of ``conn``; return its new handle."""
+        request = conn.next_id()
+        opened: Opened = await conn.direct(
+            OpenWal(request, self._pchannel, self._read_only), request
+        )
+        self._handle = opened.wal
+        self._term = opened.term
+        return opened.wal
 
     @property
     def pchannel(self) -> str:
@@ -213,7 +255,10 @@ class RemoteWAL(WAL):
             _check_user_message(message)
         conn = self._conn
         request = conn.next_id()
-        pending = conn.request(Append(request, self._handle, _wire(message)), request, append=True)
+        keys = self._keys
+        key = message.idempotency_key if keys is None else keys(message)
+        item = Append(request, self._handle, _wire(message, key))
+        pending = conn.request(item, request, append=True, resend=key is not None)
         answer: Appended = await pending.future
         return self._result(answer.results[0])
 
@@ -228,8 +273,11 @@ class RemoteWAL(WAL):
             return []
         conn = self._conn
         request = conn.next_id()
-        item = AppendMany(request, self._handle, [_wire(m) for m in batch])
-        pending = conn.request(item, request, append=True)
+        keys = self._keys
+        wires = [_wire(m, m.idempotency_key if keys is None else keys(m)) for m in batch]
+        resend = all(wire.idempotency_key is not None for wire in wires)
+        item = AppendMany(request, self._handle, wires)
+        pending = conn.request(item, request, append=True, resend=resend)
         answer: Appended = await pending.future
         return [self._result(r) for r in answer.results]
 
@@ -268,27 +316,24 @@ class RemoteWAL(WAL):
             raise InvalidArgument(f"{position!r} is not a {self._scheme}:// message id")
         selected = Filter.combine(filters)
         conn = self._conn
-        stream = conn.next_id()
         window_messages, window_bytes = self._window
-        scanner = RemoteScanner(self, stream, window_messages, window_bytes)
-        conn.open_stream(
-            scanner,
-            Read(
-                stream,
-                self._handle,
-                deliver.kind,
-                None if position is None else position.marshal(),
-                deliver.after_timetick,
-                None if selected.vchannels is None else sorted(selected.vchannels),
-                None if selected.types is None else sorted(selected.types),
-                selected.min_timetick,
-                bool(timeticks),
-                bool(raw),
-                txn_buffer_bytes,
-                window_messages,
-                window_bytes,
-            ),
+        read = Read(
+            conn.next_id(),
+            self._handle,
+            deliver.kind,
+            None if position is None else position.marshal(),
+            deliver.after_timetick,
+            None if selected.vchannels is None else sorted(selected.vchannels),
+            None if selected.types is None else sorted(selected.types),
+            selected.min_timetick,
+            bool(timeticks),
+            bool(raw),
+            txn_buffer_bytes,
+            window_messages,
+            window_bytes,
         )
+        scanner = RemoteScanner(self, read)
+        conn.open_stream(scanner, read)
         self._scanners.add(scanner)
         return scanner
 
@@ -372,6 +417,9 @@ async def open_remote_wal(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     connect_timeout: float = 10.0,
     tls: ssl.SSLContext | None = None,
+    reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
+    heartbeat: float = DEFAULT_HEARTBEAT,
+    exactly_once: bool = True,
 ) -> RemoteWAL:
     """Open ``pchannel`` on the node at ``url`` (``walsvc://host:port``) over a new
     connection (see ``walsvc.open_wal``)."""
@@ -382,14 +430,18 @@ async def open_remote_wal(
     for name, value in (("window_messages", window_messages), ("window_bytes", window_bytes)):
         if type(value) is not int or value < 1:
             raise InvalidArgument(f"{name} must be an int >= 1, not {value!r}")
-    host = host.strip("[]")
+    for name, number in (("reconnect_timeout", reconnect_timeout), ("heartbeat", heartbeat)):
+        if not isinstance(number, int | float) or not number >= 0:
+            raise InvalidArgument(f"{name} must be a number of seconds >= 0, not {number!r}")
     conn = await Connection.connect(
-        host,
+        host.strip("[]"),
         int(port_text),
         token=token,
         versions=versions,
         connect_timeout=connect_timeout,
         tls=tls,
+        reconnect_timeout=float(reconnect_timeout),
+        heartbeat=float(heartbeat),
     )
     try:
         request = conn.next_id()
@@ -397,4 +449,6 @@ async def open_remote_wal(
     except BaseException:
         await conn.aclose()
         raise
-    return RemoteWAL(conn, opened, pchannel, (window_messages, window_bytes))
+    return RemoteWAL(
+        conn, opened, pchannel, (window_messages, window_bytes), exactly_once=exactly_once
+    )

@@ -1,13 +1,24 @@
-"""One connection to a walsvc node: the handshake, requests matched to their answers by
-id, deliveries routed to their streams by number, and what a lost connection does to
-what is pending (``AppendOutcomeUnknown`` for an append that was sent,
-``BackendUnavailable`` for anything else)."""
+"""A client's link to a walsvc node: the handshake, requests matched to their answers
+by id, deliveries routed to their streams by number, and reconnection.
+
+A ``Connection`` outlives its sockets. When one is lost (closed, reset, silent past the
+heartbeat, or the node going away) the connection dials again, with backoff, for up to
+``reconnect_timeout`` seconds; it reopens its WAL's handle, resends every request that
+is safe to resend (appends carry idempotency keys: the node's dedup window answers a
+resend of an append that landed with its first result) and resumes every stream right
+after the last message it received. What is not safe to resend fails:
+``AppendOutcomeUnknown`` for an append that may have reached the node,
+``BackendUnavailable`` for anything else. When the node cannot be reached in time,
+everything pending fails that way.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, final
 
 import msgspec
@@ -33,9 +44,12 @@ from ._protocol import (
     Failed,
     Hello,
     NodeMessage,
+    Ping,
+    Pong,
     Read,
     Refused,
     StreamEnded,
+    StreamStarted,
     Welcome,
     array_header,
     error_from,
@@ -44,23 +58,56 @@ from ._protocol import (
 if TYPE_CHECKING:
     from ._scanner import RemoteScanner
 
-__all__ = ("Connection",)
+__all__ = ("DEFAULT_HEARTBEAT", "DEFAULT_RECONNECT_TIMEOUT", "Connection", "NodeAddress")
 
+_log: Final = logging.getLogger("walsvc.remote")
 _encode: Final = msgspec.msgpack.Encoder().encode
 _decode: Final = msgspec.msgpack.Decoder(list[NodeMessage]).decode
 #: Largest encoded request: it must fit in one frame with the frame's array header.
 _MAX_ITEM: Final = MAX_FRAME_BYTES - 5
+#: Seconds a lost connection is redialled before what is pending fails.
+DEFAULT_RECONNECT_TIMEOUT: Final = 30.0
+#: Seconds of silence after which the client pings; as long again without any frame
+#: from the node and the socket is dropped (and redialled).
+DEFAULT_HEARTBEAT: Final = 5.0
+_FIRST_BACKOFF: Final = 0.05
+_MAX_BACKOFF: Final = 1.0
+
+#: Reopens the connection's WAL on a new socket; returns the new handle.
+Reopen = Callable[["Connection"], Awaitable[int]]
+
+
+@final
+class NodeAddress(msgspec.Struct, frozen=True):
+    """Where a node is and how to greet it."""
+
+    host: str
+    port: int
+    token: str | None = None
+    tls: ssl.SSLContext | None = None
+    versions: tuple[int, int] = NODE_VERSIONS
+    connect_timeout: float = 10.0
+
+    @property
+    def url(self) -> str:
+        """``walsvc://host:port``."""
+        return f"walsvc://{self.host}:{self.port}"
 
 
 @final
 class _Pending:
-    """A request waiting for its answer; ``sent`` once it reached the transport."""
+    """A request waiting for its answer. ``sent`` once it reached a transport;
+    ``resend``: safe to send again on a new socket (reads, idempotent appends)."""
 
-    __slots__ = ("append", "future", "sent")
+    __slots__ = ("append", "future", "item", "resend", "sent")
 
-    def __init__(self, future: asyncio.Future[Any], append: bool) -> None:
+    def __init__(
+        self, future: asyncio.Future[Any], item: msgspec.Struct, append: bool, resend: bool
+    ) -> None:
         self.future = future
+        self.item = item
         self.append = append
+        self.resend = resend
         self.sent = False
 
     def mark_sent(self) -> None:
@@ -68,38 +115,115 @@ class _Pending:
 
 
 @final
+class _Socket:
+    """One TCP (or TLS) connection after its handshake."""
+
+    __slots__ = ("reader", "version", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: FrameWriter, version: int) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.version = version
+
+
+async def _dial(address: NodeAddress, within: float) -> _Socket:
+    """Connect and run the handshake. Raises ``BackendUnavailable`` if the node cannot
+    be reached in ``within`` seconds, ``WALError`` if it refuses (a certificate that
+    does not verify included)."""
+    where, tls, versions = address.url, address.tls, address.versions
+    try:
+        async with asyncio.timeout(within):
+            reader, writer = await asyncio.open_connection(address.host, address.port, ssl=tls)
+    except ssl.SSLCertVerificationError as exc:
+        raise WALError(
+            f"TLS: the node at {where} has a certificate that does not verify: {exc}"
+        ) from exc
+    except ssl.SSLError as exc:
+        raise BackendUnavailable(f"TLS handshake with the node at {where} failed: {exc}") from exc
+    except (OSError, TimeoutError) as exc:
+        raise BackendUnavailable(f"cannot reach the node at {where}: {exc}") from exc
+    try:
+        hello = _encode(Hello(versions[0], versions[1], address.token, "walsvc-python"))
+        head = array_header(1)
+        writer.write(FRAME_HEADER.pack(len(head) + len(hello)) + head + hello)
+        async with asyncio.timeout(within):
+            answer = _decode(await read_frame(reader))
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        writer.close()
+        hint = "" if tls is not None else " (does it require TLS?)"
+        raise BackendUnavailable(f"the node at {where} did not answer the handshake{hint}") from exc
+    except (msgspec.DecodeError, msgspec.ValidationError, CorruptRecord) as exc:
+        writer.close()
+        raise CorruptRecord(f"the node at {where} answered garbage: {exc}") from exc
+    first = answer[0] if len(answer) == 1 else None
+    if isinstance(first, Welcome):
+        return _Socket(reader, FrameWriter(writer), first.version)
+    writer.close()
+    if isinstance(first, Refused):
+        if first.code == ErrorCode.UNSUPPORTED_VERSION:
+            raise WALError(
+                f"the node at {where} speaks protocol versions"
+                f" {first.min_version}..{first.max_version}; this client speaks"
+                f" {versions[0]}..{versions[1]} ({first.message})"
+            )
+        raise WALError(f"the node at {where} refused the connection: {first.message}")
+    raise CorruptRecord(f"the node at {where} answered the handshake with {answer!r}")
+
+
+@final
 class Connection:
-    """One connection to a node: answers matched to requests by id, deliveries to
-    streams by number. Made by ``Connection.connect`` (which runs the handshake)."""
+    """A client's link to a node (see the module docstring): made by
+    ``Connection.connect``, which runs the first handshake."""
 
     __slots__ = (
+        "_address",
+        "_closing",
+        "_heard",
+        "_heartbeat",
         "_ids",
         "_lost",
         "_pending",
-        "_reader",
-        "_reading",
+        "_reconnect_timeout",
+        "_reconnecting",
+        "_reopen",
+        "_socket",
         "_streams",
-        "_where",
-        "_writer",
+        "_tasks",
         "received_bytes",
+        "reconnects",
         "version",
     )
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, version: int, where: str
+        self,
+        address: NodeAddress,
+        socket: _Socket,
+        *,
+        reconnect_timeout: float,
+        heartbeat: float,
     ) -> None:
-        self._reader = reader
-        self._writer = FrameWriter(writer)
-        self._where = where
+        self._address = address
+        self._reconnect_timeout = reconnect_timeout
+        self._heartbeat = heartbeat
         #: The protocol version negotiated.
-        self.version = version
+        self.version = socket.version
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._streams: dict[int, RemoteScanner] = {}
         self._lost: WALError | None = None
+        self._closing = False
+        self._reopen: Reopen | None = None
+        self._reconnecting = False
+        self._tasks: set[asyncio.Task[None]] = set()
         #: Frame bytes received from the node (length prefixes included).
         self.received_bytes = 0
-        self._reading = asyncio.get_running_loop().create_task(self._read())
+        #: Sockets that replaced a lost one.
+        self.reconnects = 0
+        self._heard = asyncio.get_running_loop().time()
+        self._socket: _Socket | None = None
+        self._install(socket)
+        if heartbeat > 0:
+            self._spawn(self._watch())
 
     @classmethod
     async def connect(
@@ -111,74 +235,49 @@ class Connection:
         versions: tuple[int, int] = NODE_VERSIONS,
         connect_timeout: float = 10.0,
         tls: ssl.SSLContext | None = None,
+        reconnect_timeout: float = 0.0,
+        heartbeat: float = DEFAULT_HEARTBEAT,
     ) -> Connection:
         """Connect to the node at ``host:port`` (over TLS with ``tls``) and run the
         handshake. Raises ``BackendUnavailable`` if it cannot be reached, ``WALError`` if
-        it refuses (a certificate that does not verify included)."""
-        where = f"walsvc://{host}:{port}"
-        try:
-            async with asyncio.timeout(connect_timeout):
-                reader, writer = await asyncio.open_connection(host, port, ssl=tls)
-        except ssl.SSLCertVerificationError as exc:
-            raise WALError(
-                f"TLS: the node at {where} has a certificate that does not verify: {exc}"
-            ) from exc
-        except ssl.SSLError as exc:
-            raise BackendUnavailable(
-                f"TLS handshake with the node at {where} failed: {exc}"
-            ) from exc
-        except (OSError, TimeoutError) as exc:
-            raise BackendUnavailable(f"cannot reach the node at {where}: {exc}") from exc
-        try:
-            hello = _encode(Hello(versions[0], versions[1], token, "walsvc-python"))
-            head = array_header(1)
-            writer.write(FRAME_HEADER.pack(len(head) + len(hello)) + head + hello)
-            async with asyncio.timeout(connect_timeout):
-                answer = _decode(await read_frame(reader))
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            writer.close()
-            hint = "" if tls is not None else " (does it require TLS?)"
-            raise BackendUnavailable(
-                f"the node at {where} did not answer the handshake{hint}"
-            ) from exc
-        except (msgspec.DecodeError, CorruptRecord) as exc:
-            writer.close()
-            raise CorruptRecord(f"the node at {where} answered garbage: {exc}") from exc
-        first = answer[0] if len(answer) == 1 else None
-        if isinstance(first, Welcome):
-            return cls(reader, writer, first.version, where)
-        writer.close()
-        if isinstance(first, Refused):
-            if first.code == ErrorCode.UNSUPPORTED_VERSION:
-                raise WALError(
-                    f"the node at {where} speaks protocol versions"
-                    f" {first.min_version}..{first.max_version}; this client speaks"
-                    f" {versions[0]}..{versions[1]} ({first.message})"
-                )
-            raise WALError(f"the node at {where} refused the connection: {first.message}")
-        raise CorruptRecord(f"the node at {where} answered the handshake with {answer!r}")
+        it refuses (a certificate that does not verify included). A lost socket is
+        redialled for ``reconnect_timeout`` seconds (0: not at all)."""
+        address = NodeAddress(host, port, token, tls, versions, connect_timeout)
+        socket = await _dial(address, connect_timeout)
+        return cls(address, socket, reconnect_timeout=reconnect_timeout, heartbeat=heartbeat)
 
     @property
     def where(self) -> str:
         """The node's URL."""
-        return self._where
+        return self._address.url
+
+    def on_reconnect(self, reopen: Reopen) -> None:
+        """Run ``reopen`` on each new socket before anything is resent: it reopens the
+        connection's WAL and returns the handle requests and streams now name."""
+        self._reopen = reopen
 
     def check(self) -> None:
         """Raise the error that ended the connection, if it ended."""
         if self._lost is not None:
             raise type(self._lost)(str(self._lost))
 
-    def request(self, item: msgspec.Struct, request: int, *, append: bool = False) -> _Pending:
-        """Queue ``item`` (whose request id is ``request``) and return its pending answer."""
+    def request(
+        self, item: msgspec.Struct, request: int, *, append: bool = False, resend: bool = False
+    ) -> _Pending:
+        """Queue ``item`` (whose request id is ``request``) and return its pending
+        answer. ``append``: its loss is ``AppendOutcomeUnknown``; ``resend``: it is sent
+        again after a reconnect instead of failing."""
         self.check()
         data = _encode(item)
         if len(data) > _MAX_ITEM:
             raise MessageTooLarge(
                 f"the request is {len(data)} bytes encoded; a frame holds {_MAX_ITEM}"
             )
-        pending = _Pending(asyncio.get_running_loop().create_future(), append)
+        pending = _Pending(asyncio.get_running_loop().create_future(), item, append, resend)
         self._pending[request] = pending
-        self._writer.send(data, pending.mark_sent if append else None)
+        socket = self._socket
+        if socket is not None and not self._reconnecting:
+            socket.writer.send(data, pending.mark_sent if append else None)
         return pending
 
     def next_id(self) -> int:
@@ -186,35 +285,154 @@ class Connection:
         return next(self._ids)
 
     def send(self, item: msgspec.Struct) -> None:
-        """Queue a message that has no answer (credit, stream control)."""
-        if self._lost is None:
-            self._writer.send(_encode(item))
+        """Queue a message that has no answer (credit, stream control); dropped while
+        no socket is up (a resumed stream starts with fresh credit)."""
+        socket = self._socket
+        if socket is not None and not self._reconnecting and self._lost is None:
+            socket.writer.send(_encode(item))
 
     def open_stream(self, scanner: RemoteScanner, read: Read) -> None:
-        """Register ``scanner`` for the deliveries of ``read`` and send it."""
+        """Register ``scanner`` for the deliveries of ``read`` and send it (on the next
+        socket, if none is up)."""
         self.check()
         self._streams[read.stream] = scanner
-        self._writer.send(_encode(read))
+        self.send(read)
 
     def forget_stream(self, stream: int) -> None:
         """Stop routing deliveries to ``stream`` and tell the node to stop it."""
         if self._streams.pop(stream, None) is not None:
             self.send(CloseStream(stream))
 
-    async def _read(self) -> None:
-        reason: WALError = BackendUnavailable(f"the connection to {self._where} closed")
+    # -- sockets ----------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _install(self, socket: _Socket) -> None:
+        self._socket = socket
+        self._heard = asyncio.get_running_loop().time()
+        self._spawn(self._read(socket))
+
+    async def _read(self, socket: _Socket) -> None:
+        reason = f"the connection to {self.where} closed"
         try:
             while True:
-                body = await read_frame(self._reader)
+                body = await read_frame(socket.reader)
+                self._heard = asyncio.get_running_loop().time()
                 self.received_bytes += len(body) + FRAME_HEADER.size
                 for message in _decode(body):
                     self._dispatch(message)
         except asyncio.IncompleteReadError:
             pass
         except (OSError, msgspec.DecodeError, msgspec.ValidationError, CorruptRecord) as exc:
-            reason = BackendUnavailable(f"the connection to {self._where} failed: {exc}")
-        finally:
-            self._fail_all(reason)
+            reason = f"the connection to {self.where} failed: {exc}"
+        self._socket_lost(socket, reason)
+
+    async def _watch(self) -> None:
+        """The heartbeat: ping after ``heartbeat`` seconds of silence; drop the socket
+        after twice that."""
+        loop = asyncio.get_running_loop()
+        nonce = itertools.count(1)
+        while self._lost is None:
+            await asyncio.sleep(self._heartbeat / 2)
+            socket = self._socket
+            if socket is None:
+                continue
+            silent = loop.time() - self._heard
+            if silent >= 2 * self._heartbeat:
+                socket.writer.abort()
+                self._socket_lost(socket, f"{self.where} was silent for {silent:.1f} s")
+            elif silent >= self._heartbeat:
+                socket.writer.send(_encode(Ping(next(nonce))))
+
+    def _socket_lost(self, socket: _Socket, reason: str) -> None:
+        if self._socket is not socket:
+            return  # already replaced
+        self._socket = None
+        self._spawn(socket.writer.aclose(flush_timeout=0))
+        if self._closing or self._lost is not None:
+            return
+        if self._reconnect_timeout <= 0 or self._reopen is None:
+            self._fail_all(BackendUnavailable(reason))
+            return
+        _log.info("%s; reconnecting", reason)
+        for request, pending in list(self._pending.items()):
+            if pending.future.done():
+                del self._pending[request]
+            elif not pending.resend:
+                del self._pending[request]
+                self._fail(pending, BackendUnavailable(reason))
+        if not self._reconnecting:  # else the running attempt dials again
+            self._reconnecting = True
+            self._spawn(self._reconnect(reason))
+
+    async def _reconnect(self, reason: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._reconnect_timeout
+        delay = _FIRST_BACKOFF
+        last: Exception | None = None
+        while not self._closing:
+            remaining = deadline - loop.time()
+            try:
+                socket = await _dial(
+                    self._address, max(0.01, min(self._address.connect_timeout, remaining))
+                )
+                await self._restore(socket)
+                self.reconnects += 1
+                return
+            except BackendUnavailable as exc:
+                last = exc
+            except WALError as exc:  # refused, or the WAL cannot be reopened: final
+                self._fail_all(type(exc)(f"{reason}, and reconnecting failed: {exc}"))
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, _MAX_BACKOFF)
+        self._fail_all(
+            BackendUnavailable(
+                f"{reason}, and it could not be reconnected within"
+                f" {self._reconnect_timeout:g} s ({last})"
+            )
+        )
+
+    async def _restore(self, socket: _Socket) -> None:
+        """Reopen the WAL on ``socket``, then resend and resume on it."""
+        self._install(socket)
+        assert self._reopen is not None
+        try:
+            handle = await self._reopen(self)
+        except BaseException:
+            self._socket = None
+            socket.writer.abort()
+            raise
+        writer = socket.writer
+        for pending in list(self._pending.values()):
+            if pending.future.done():
+                continue
+            item = pending.item
+            if hasattr(item, "wal"):
+                item = pending.item = msgspec.structs.replace(item, wal=handle)
+            writer.send(_encode(item), pending.mark_sent if pending.append else None)
+        for scanner in list(self._streams.values()):
+            writer.send(_encode(scanner._resume(handle)))
+        self._reconnecting = False  # from here requests go straight out again
+
+    def direct(self, item: msgspec.Struct, request: int) -> asyncio.Future[Any]:
+        """Send ``item`` now on the current socket, ahead of what waits to be resent
+        (``reopen`` uses it); its answer arrives on the returned future."""
+        socket = self._socket
+        if socket is None:
+            raise BackendUnavailable(f"no connection to {self.where}")
+        pending = _Pending(asyncio.get_running_loop().create_future(), item, False, False)
+        self._pending[request] = pending
+        socket.writer.send(_encode(item))
+        return pending.future
+
+    # -- answers ----------------------------------------------------------------------
 
     def _dispatch(self, message: NodeMessage) -> None:
         if type(message) is Appended:  # the common answer first
@@ -226,13 +444,20 @@ class Connection:
             if scanner is not None:
                 scanner._deliver(message.messages)
         elif isinstance(message, StreamEnded):
-            scanner = self._streams.pop(message.stream, None)
-            if scanner is not None:
+            scanner = self._streams.get(message.stream)
+            if scanner is not None and not self._resumable(message.code):
+                del self._streams[message.stream]
                 scanner._finish(
                     None
                     if message.code == ErrorCode.OK
                     else error_from(message.code, message.message)
                 )
+        elif isinstance(message, StreamStarted):
+            scanner = self._streams.get(message.stream)
+            if scanner is not None:
+                scanner._started(message.timetick)
+        elif isinstance(message, Pong):
+            pass  # hearing it was the point
         elif isinstance(message, Welcome | Refused):
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
         else:
@@ -244,29 +469,47 @@ class Connection:
             else:
                 pending.future.set_result(message)
 
+    def _resumable(self, code: int) -> bool:
+        """A stream ended by the node's shutdown resumes on the next socket."""
+        return (
+            code in (ErrorCode.WAL_CLOSED, ErrorCode.BACKEND_UNAVAILABLE)
+            and self._reconnect_timeout > 0
+            and self._reopen is not None
+            and not self._closing
+        )
+
+    def _fail(self, pending: _Pending, reason: WALError) -> None:
+        if pending.future.done():
+            return
+        if pending.append and pending.sent and not isinstance(reason, WALClosed):
+            pending.future.set_exception(
+                AppendOutcomeUnknown(
+                    f"the append was sent to {self.where} and the connection was lost"
+                    f" before its answer ({reason})"
+                )
+            )
+        else:
+            pending.future.set_exception(type(reason)(str(reason)))
+
     def _fail_all(self, reason: WALError) -> None:
         if self._lost is None:
             self._lost = reason
+        self._reconnecting = False
         pending, self._pending = self._pending, {}
         for entry in pending.values():
-            if entry.future.done():
-                continue
-            if entry.append and entry.sent and not isinstance(reason, WALClosed):
-                entry.future.set_exception(
-                    AppendOutcomeUnknown(
-                        f"the append was sent to {self._where} and the connection was lost"
-                        f" before its answer ({reason})"
-                    )
-                )
-            else:
-                entry.future.set_exception(type(reason)(str(reason)))
+            self._fail(entry, reason)
         streams, self._streams = self._streams, {}
         for scanner in streams.values():
             scanner._finish(type(reason)(str(reason)))
 
     async def aclose(self) -> None:
         """Send what is queued, close the connection; pending calls raise ``WALClosed``."""
-        await self._writer.aclose()
-        self._reading.cancel()
-        await asyncio.gather(self._reading, return_exceptions=True)
-        self._fail_all(WALClosed(f"the connection to {self._where} was closed"))
+        self._closing = True
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            await socket.writer.aclose()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fail_all(WALClosed(f"the connection to {self.where} was closed"))

@@ -107,6 +107,11 @@ class FrameWriter:
             self._closed = True
             queue.clear()
 
+    def abort(self) -> None:
+        """Drop the connection at once, unsent bytes and all (a peer gone silent)."""
+        self._closed = True
+        self._writer.transport.abort()
+
     async def aclose(self, flush_timeout: float = 5.0) -> None:
         """Send what is queued (for at most ``flush_timeout`` seconds, while the
         connection lasts), then close the connection. Idempotent."""

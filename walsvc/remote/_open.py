@@ -69,8 +69,15 @@ async def open_wal(
     node's bearer token), ``tls`` (an ``ssl.SSLContext`` trusting the node's certificate,
     with a client certificate loaded if the node demands one), ``window_messages`` and
     ``window_bytes`` (each scanner's credit: how much the node may send ahead of the
-    reader), ``connect_timeout``. Transactions, durable subscriptions and ``truncate``
-    are not served over ``walsvc://`` yet and raise ``InvalidArgument`` saying so.
+    reader), ``connect_timeout``. A lost connection is redialled for
+    ``reconnect_timeout`` seconds (default 30; 0: never): appends in flight are resent
+    and land exactly once (``exactly_once=True``, the default, gives each message
+    without an idempotency key a producer key), scanners resume right after their last
+    message; only when the node stays out of reach that long do appends in flight raise
+    ``AppendOutcomeUnknown``. ``heartbeat`` (default 5 s): a silent node is pinged, and
+    after twice that its socket is dropped and redialled. Transactions, durable
+    subscriptions and ``truncate`` are not served over ``walsvc://`` yet and raise
+    ``InvalidArgument`` saying so.
 
     Raises ``UnknownBackend`` for an unknown scheme or a missing extra,
     ``InvalidArgument`` for a malformed URL, pchannel or option value, and

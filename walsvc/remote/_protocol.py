@@ -45,6 +45,7 @@ __all__ = (
     "FRAME_HEADER",
     "MAX_FRAME_BYTES",
     "NODE_VERSIONS",
+    "PRODUCER_KEY_PREFIX",
     "Append",
     "AppendMany",
     "Appended",
@@ -62,9 +63,12 @@ __all__ = (
     "NodeMessage",
     "OpenWal",
     "Opened",
+    "Ping",
+    "Pong",
     "Read",
     "Refused",
     "StreamEnded",
+    "StreamStarted",
     "Welcome",
     "WireDelivered",
     "WireMessage",
@@ -75,6 +79,10 @@ __all__ = (
     "negotiate",
 )
 
+#: Idempotency keys that begin with this are producer keys: a client gives each message
+#: appended without a key one (its producer id and a sequence number), so that a resend
+#: after a lost connection lands once. The node drops them from what it delivers.
+PRODUCER_KEY_PREFIX: Final = "~"
 #: The protocol versions this code speaks, lowest and highest.
 NODE_VERSIONS: Final = (1, 1)
 #: A frame's length prefix: 4 bytes, big-endian, unsigned; counts the body only.
@@ -297,8 +305,15 @@ class CloseWal(msgspec.Struct, array_like=True, frozen=True, tag=9):
     wal: int
 
 
+class Ping(msgspec.Struct, array_like=True, frozen=True, tag=10):
+    """Are you there? The node answers ``Pong`` at once (the client's heartbeat: a
+    connection that answers nothing within its timeout is dropped and reconnected)."""
+
+    nonce: int
+
+
 ClientMessage = (
-    Hello | OpenWal | Append | AppendMany | LatestId | Read | Credit | CloseStream | CloseWal
+    Hello | OpenWal | Append | AppendMany | LatestId | Read | Credit | CloseStream | CloseWal | Ping
 )
 
 
@@ -378,6 +393,31 @@ class Done(msgspec.Struct, array_like=True, frozen=True, tag=28):
     request: int
 
 
+class StreamStarted(msgspec.Struct, array_like=True, frozen=True, tag=29):
+    """Sent once for a ``latest`` stream when it starts: ``timetick`` is the newest the
+    node had allocated, so every message appended after the stream started has a greater
+    one (a client resuming the stream with nothing delivered reads from there)."""
+
+    stream: int
+    timetick: int
+
+
+class Pong(msgspec.Struct, array_like=True, frozen=True, tag=30):
+    """The answer to ``Ping``, with its nonce."""
+
+    nonce: int
+
+
 NodeMessage = (
-    Welcome | Refused | Opened | Appended | Failed | LatestIdIs | Delivered | StreamEnded | Done
+    Welcome
+    | Refused
+    | Opened
+    | Appended
+    | Failed
+    | LatestIdIs
+    | Delivered
+    | StreamEnded
+    | Done
+    | StreamStarted
+    | Pong
 )

@@ -8,6 +8,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final
 
+import msgspec
+
 from walsvc.core._api import Scanner, ScannerStats
 from walsvc.core._errors import (
     InvalidArgument,
@@ -21,6 +23,7 @@ from walsvc.core._message import (
 
 from ._protocol import (
     Credit,
+    Read,
     WireDelivered,
 )
 
@@ -56,6 +59,9 @@ class RemoteScanner(Scanner):
         "_owed_bytes",
         "_owed_messages",
         "_position",
+        "_read",
+        "_received",
+        "_start_tick",
         "_stream",
         "_user_closed",
         "_waiter",
@@ -64,23 +70,27 @@ class RemoteScanner(Scanner):
         "_window_messages",
     )
 
-    def __init__(
-        self, wal: RemoteWAL, stream: int, window_messages: int, window_bytes: int
-    ) -> None:
+    def __init__(self, wal: RemoteWAL, read: Read) -> None:
         self._wal = wal
-        self._stream = stream
-        self._window_messages = window_messages
-        self._window_bytes = window_bytes
+        self._read = read
+        self._stream = read.stream
+        self._window_messages = read.credit_messages
+        self._window_bytes = read.credit_bytes
         super().__init__()
         self._buffer: deque[list[WireDelivered]] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        #: Why the stream ended: None while it runs; ``_CLOSED`` for a normal end.
+        #: Why the stream ended: None while it runs; ``_ENDED`` for a normal end.
         self._end: WALError | object | None = None
         self._user_closed = False
         self._delivered = 0
         self._owed_messages = 0
         self._owed_bytes = 0
         self._position: MessageId | None = None
+        #: The id of the last message received (delivered or buffered): a resumed
+        #: stream starts after it.
+        self._received: str | None = None
+        #: A ``latest`` stream's starting timetick, once the node told it.
+        self._start_tick: int | None = None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -90,7 +100,35 @@ class RemoteScanner(Scanner):
     def _deliver(self, messages: list[WireDelivered]) -> None:
         if messages and self._end is None:
             self._buffer.append(messages)
+            self._received = messages[-1].message_id
             self._wake()
+
+    def _started(self, timetick: int) -> None:
+        self._start_tick = timetick
+
+    def _resume(self, handle: int) -> Read:
+        """The ``Read`` that continues this stream on a new socket for the WAL handle
+        ``handle``: right after the last message received (a ``latest`` stream that
+        received none: after its starting timetick), with the credit the buffer leaves."""
+        read = self._read
+        if self._received is not None:
+            deliver, deliver_id, after = "start_after", self._received, 0
+        elif read.deliver == "latest" and self._start_tick is not None:
+            deliver, deliver_id, after = "checkpoint", None, self._start_tick
+        else:
+            deliver, deliver_id, after = read.deliver, read.deliver_id, read.after_timetick
+        buffered = sum(map(len, self._buffer))
+        buffered_bytes = sum(_cost(m) for batch in self._buffer for m in batch)
+        self._owed_messages = self._owed_bytes = 0
+        return msgspec.structs.replace(
+            read,
+            wal=handle,
+            deliver=deliver,
+            deliver_id=deliver_id,
+            after_timetick=after,
+            credit_messages=max(0, self._window_messages - buffered),
+            credit_bytes=max(0, self._window_bytes - buffered_bytes),
+        )
 
     def _finish(self, error: WALError | None) -> None:
         if self._end is None:

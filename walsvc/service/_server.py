@@ -30,6 +30,7 @@ from walsvc.core._message import AppendResult, ImmutableMessage, Message, Messag
 from walsvc.remote._frames import FrameWriter, read_frame
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
+    PRODUCER_KEY_PREFIX,
     Append,
     Appended,
     AppendMany,
@@ -46,9 +47,12 @@ from walsvc.remote._protocol import (
     LatestIdIs,
     Opened,
     OpenWal,
+    Ping,
+    Pong,
     Read,
     Refused,
     StreamEnded,
+    StreamStarted,
     Welcome,
     WireDelivered,
     WireMessage,
@@ -81,6 +85,9 @@ def _wire_result(result: AppendResult) -> WireResult:
 def _wire_delivered(m: ImmutableMessage) -> WireDelivered:
     lc = m.last_confirmed_id
     txn = m.txn
+    key = m.idempotency_key
+    if key is not None and key.startswith(PRODUCER_KEY_PREFIX):
+        key = None  # a client's producer key: the appender gave the message none
     return WireDelivered(
         m.message_id.marshal(),
         m.timetick,
@@ -90,7 +97,7 @@ def _wire_delivered(m: ImmutableMessage) -> WireDelivered:
         dict(m.properties),
         None if lc is None else lc.marshal(),
         None if txn is None else (txn.txn_id, txn.keepalive_ms),
-        m.idempotency_key,
+        key,
         m.term,
         m.persisted,
         m.durable_tick,
@@ -176,6 +183,8 @@ class _Session:
             self._spawn(self._latest(message))
         elif isinstance(message, OpenWal):
             self._spawn(self._open(message))
+        elif isinstance(message, Ping):
+            self._send(Pong(message.nonce))
         elif isinstance(message, CloseWal):
             self._handles.pop(message.wal, None)
             for number, stream in list(self._streams.items()):
@@ -270,6 +279,8 @@ class _Session:
         stream = self._streams[request.stream] = _Stream(
             request.wal, request.credit_messages, request.credit_bytes
         )
+        if deliver.kind == "latest":
+            self._send(StreamStarted(request.stream, wal.last_timetick))
         stream.task = asyncio.get_running_loop().create_task(
             self._pump(request.stream, stream, scanner)
         )

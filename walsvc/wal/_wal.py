@@ -264,6 +264,12 @@ class LocalWAL(WAL):
         return self._backend
 
     @property
+    def last_timetick(self) -> int:
+        """The newest timetick this writer gave a message (0 before the first): every
+        message appended from now on gets a greater one."""
+        return self._point.last_tick
+
+    @property
     def interceptors(self) -> tuple[ChainMember, ...]:
         """The interceptor chain, outermost first (empty when read-only)."""
         return self._members

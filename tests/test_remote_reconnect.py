@@ -1,0 +1,317 @@
+"""Connection loss is not data loss: clients of a node (a subprocess) through a TCP
+proxy that cuts, holds and refuses connections. Producers resend what was in flight
+and every append lands exactly once; readers resume right after their last message;
+only a node out of reach past ``reconnect_timeout`` fails what is pending."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from _node_process import node_process
+from _tcp_proxy import TcpProxy
+
+import walsvc
+from walsvc import DeliverPolicy, Message
+from walsvc.remote._client import RemoteWAL
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with node_process(f"file://{tmp_path_factory.mktemp('node')}") as (node_url, _):
+        yield node_url
+
+
+@pytest.fixture
+async def proxy(node: str) -> AsyncIterator[tuple[TcpProxy, str]]:
+    proxy = TcpProxy.for_url(node)
+    url = await proxy.start()
+    try:
+        yield proxy, url
+    finally:
+        await proxy.aclose()
+
+
+def _pchannel() -> str:
+    return f"p-{uuid.uuid4().hex[:10]}"
+
+
+async def _log(node: str, pchannel: str) -> list[walsvc.ImmutableMessage]:
+    """Every message of ``pchannel``, read straight from the node (no proxy)."""
+    async with await walsvc.open_wal(node, pchannel, read_only=True) as wal:
+        latest = await wal.latest_message_id()
+        found: list[walsvc.ImmutableMessage] = []
+        if latest is None:
+            return found
+        async with asyncio.timeout(30), wal.read(DeliverPolicy.all(), timeticks=True) as scanner:
+            async for message in scanner:
+                if message.type != walsvc.MessageType.TIME_TICK:
+                    found.append(message)
+                if message.message_id == latest:
+                    break
+        return found
+
+
+async def _drain(scanner: walsvc.Scanner) -> None:
+    async with asyncio.timeout(10):
+        async for _ in scanner:
+            pass
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110 (no event to wait on)
+            await asyncio.sleep(0.01)
+
+
+async def test_appends_whose_answers_were_lost_are_resent_and_land_once(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(url, pchannel) as wal:
+        assert isinstance(wal, RemoteWAL)
+        await wal.append(Message(payload=b"first", vchannel="v"))
+        tcp.hold("down")  # the node gets the appends; their answers wait in the proxy
+        one = asyncio.ensure_future(wal.append(Message(payload=b"one", vchannel="v")))
+        many = asyncio.ensure_future(
+            wal.append_many([Message(payload=b"m%d" % i, vchannel="v") for i in range(5)])
+        )
+        keyed = asyncio.ensure_future(
+            wal.append(Message(payload=b"keyed", vchannel="v", idempotency_key="k1"))
+        )
+        async with asyncio.timeout(10):  # until they landed on the node
+            while len(await _log(node, pchannel)) < 8:  # noqa: ASYNC110 (another process)
+                await asyncio.sleep(0.02)
+        assert not any(call.done() for call in (one, many, keyed))
+        assert tcp.cut() == 1
+        results = [await one, *(await many), await keyed]
+        assert wal.connection.reconnects == 1
+    payloads = [m.payload for m in await _log(node, pchannel)]
+    # once each (the three calls ran concurrently: their order is the node's)
+    assert sorted(payloads) == sorted([b"first", b"one", *(b"m%d" % i for i in range(5)), b"keyed"])
+    found = {m.payload: m for m in await _log(node, pchannel)}
+    assert [r.message_id for r in results] == [
+        found[p].message_id for p in [b"one", *(b"m%d" % i for i in range(5)), b"keyed"]
+    ]
+
+
+async def test_producers_under_repeated_cuts_land_every_append_exactly_once(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    acknowledged: dict[bytes, walsvc.MessageId] = {}
+
+    async def produce(wal: walsvc.WAL, producer: int) -> None:
+        for i in range(60):
+            payload = b"%d-%d" % (producer, i)
+            result = await wal.append(Message(payload=payload, vchannel=f"v{producer % 4}"))
+            acknowledged[payload] = result.message_id
+
+    async def cut_now_and_then(done: asyncio.Event) -> int:
+        cuts = 0
+        while not done.is_set():
+            await asyncio.sleep(0.05)
+            cuts += tcp.cut()
+        return cuts
+
+    wals = [await walsvc.open_wal(url, pchannel) for _ in range(4)]
+    done = asyncio.Event()
+    cutter = asyncio.ensure_future(cut_now_and_then(done))
+    try:
+        await asyncio.gather(*(produce(wals[p % 4], p) for p in range(16)))
+    finally:
+        done.set()
+        cuts = await cutter
+        for wal in wals:
+            await wal.aclose()
+    assert cuts >= 2
+    log = await _log(node, pchannel)
+    payloads = [m.payload for m in log]
+    assert len(payloads) == len(set(payloads)), "an append landed twice"
+    assert set(payloads) == set(acknowledged)
+    assert {m.payload: m.message_id for m in log} == acknowledged
+    for producer in range(16):  # each producer's appends in its order
+        mine = [p for p in payloads if p.startswith(b"%d-" % producer)]
+        assert mine == [b"%d-%d" % (producer, i) for i in range(60)]
+    assert all(m.idempotency_key is None for m in log)  # producer keys stay the node's
+
+
+async def test_a_reader_resumes_after_its_last_message_without_gap_or_duplicate(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with (
+        await walsvc.open_wal(node, pchannel) as writer,
+        await walsvc.open_wal(url, pchannel, read_only=True, window_messages=16) as reader,
+    ):
+        scanner = reader.read(DeliverPolicy.all())
+        expected = [b"%d" % i for i in range(400)]
+
+        async def write() -> None:
+            for chunk in range(0, 400, 20):
+                await writer.append_many(
+                    [Message(payload=p, vchannel="v") for p in expected[chunk : chunk + 20]]
+                )
+                await asyncio.sleep(0.005)
+
+        got: list[bytes] = []
+        writing = asyncio.ensure_future(write())
+        async with asyncio.timeout(60):
+            async for message in scanner:
+                got.append(message.payload)
+                if len(got) % 50 == 0:
+                    tcp.cut()
+                if len(got) == len(expected):
+                    break
+        await writing
+        assert got == expected
+        assert reader.connection.reconnects >= 5
+
+
+async def test_a_latest_reader_that_received_nothing_sees_what_was_appended_while_cut_off(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with (
+        await walsvc.open_wal(node, pchannel) as writer,
+        await walsvc.open_wal(url, pchannel, read_only=True) as reader,
+    ):
+        await writer.append(Message(payload=b"before", vchannel="v"))
+        scanner = reader.read(DeliverPolicy.latest())
+        await _until(lambda: scanner._start_tick is not None)  # the node started it
+        tcp.refusing = True
+        tcp.cut()
+        for i in range(3):
+            await writer.append(Message(payload=b"during-%d" % i, vchannel="v"))
+        tcp.refusing = False
+        await writer.append(Message(payload=b"after", vchannel="v"))
+        got = []
+        async with asyncio.timeout(30):
+            async for message in scanner:
+                got.append(message.payload)
+                if len(got) == 4:
+                    break
+        assert got == [b"during-0", b"during-1", b"during-2", b"after"]
+
+
+async def test_a_half_open_link_is_found_by_the_heartbeat_and_redialled(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    async with await walsvc.open_wal(url, _pchannel(), heartbeat=0.2) as wal:
+        assert isinstance(wal, RemoteWAL)
+        await wal.append(Message(payload=b"a", vchannel="v"))
+        tcp.hold("up", "down")  # nothing passes, nothing closes
+        async with asyncio.timeout(10):
+            result = await wal.append(Message(payload=b"b", vchannel="v"))
+        assert result.message_id is not None
+        assert wal.connection.reconnects == 1
+
+
+async def test_a_node_out_of_reach_past_the_timeout_fails_what_is_pending(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(url, pchannel, reconnect_timeout=0.5) as wal:
+        reader = wal.read(DeliverPolicy.all())
+        await wal.append(Message(payload=b"a", vchannel="v"))
+        tcp.hold("down")
+        pending = asyncio.ensure_future(wal.append(Message(payload=b"b", vchannel="v")))
+        await asyncio.sleep(0.3)
+        tcp.refusing = True
+        tcp.cut()
+        with pytest.raises(walsvc.AppendOutcomeUnknown, match="could not be reconnected"):
+            await pending
+        with pytest.raises(walsvc.BackendUnavailable):
+            await _drain(reader)
+        with pytest.raises(walsvc.BackendUnavailable):
+            await wal.append(Message(payload=b"c", vchannel="v"))
+
+
+async def test_without_reconnection_a_lost_connection_fails_at_once(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    async with await walsvc.open_wal(url, _pchannel(), reconnect_timeout=0) as wal:
+        await wal.append(Message(payload=b"a", vchannel="v"))
+        tcp.hold("down")
+        pending = asyncio.ensure_future(wal.append(Message(payload=b"b", vchannel="v")))
+        await asyncio.sleep(0.2)
+        tcp.cut()
+        with pytest.raises(walsvc.AppendOutcomeUnknown):
+            await pending
+
+
+async def test_a_user_key_with_the_producer_prefix_is_refused(node: str) -> None:
+    async with await walsvc.open_wal(node, _pchannel()) as wal:
+        with pytest.raises(walsvc.InvalidMessage, match="producer keys"):
+            await wal.append(Message(payload=b"a", vchannel="v", idempotency_key="~mine"))
+
+
+async def test_a_node_killed_and_restarted_under_64_producers_loses_and_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of a node over file:// while 64 producers append and a consumer reads
+    through a proxy; a new node on the same log takes over behind the same address.
+    Every acknowledged append is delivered to the consumer exactly once, each
+    producer's in its order; nothing else is in the log but appends that were in flight
+    (resent, and landed once)."""
+    log_url = f"file://{tmp_path}"
+    pchannel = _pchannel()
+    acknowledged: dict[bytes, walsvc.MessageId] = {}
+    with node_process(log_url) as (first_url, first):
+        tcp = TcpProxy.for_url(first_url)
+        url = await tcp.start()
+        wals = [await walsvc.open_wal(url, pchannel) for _ in range(8)]
+        reader = await walsvc.open_wal(url, pchannel, read_only=True)
+        seen: list[bytes] = []
+
+        async def consume() -> None:
+            async for message in reader.read(DeliverPolicy.all()):
+                seen.append(message.payload)  # noqa: PERF401 (seen is watched while it grows)
+
+        async def produce(producer: int) -> None:
+            wal = wals[producer % 8]
+            for i in range(40):
+                payload = b"%d-%d" % (producer, i)
+                result = await wal.append(Message(payload=payload, vchannel=f"v{producer % 4}"))
+                acknowledged[payload] = result.message_id
+
+        consumer = asyncio.ensure_future(consume())
+        producers = asyncio.ensure_future(asyncio.gather(*(produce(p) for p in range(64))))
+        async with asyncio.timeout(30):
+            while len(acknowledged) < 600:  # noqa: ASYNC110 (no event to wait on)
+                await asyncio.sleep(0.005)
+        tcp.hold("down")  # appends still land; their answers die with the node
+        await asyncio.sleep(0.2)
+        first.kill()
+        first.wait()
+        tcp.cut()  # the dead node's sockets are closed (the held ones too)
+        with node_process(log_url) as (second_url, _):
+            tcp.retarget(second_url)
+            async with asyncio.timeout(120):
+                await producers
+                while len(seen) < len(acknowledged):  # noqa: ASYNC110 (no event to wait on)
+                    await asyncio.sleep(0.01)
+            consumer.cancel()
+            for wal in [*wals, reader]:
+                await wal.aclose()
+            await tcp.aclose()
+            log = await _log(second_url, pchannel)
+    assert len(acknowledged) == 64 * 40
+    assert len(seen) == len(set(seen)), "the consumer got a message twice"
+    assert set(seen) == set(acknowledged)
+    for producer in range(64):
+        mine = [p for p in seen if p.startswith(b"%d-" % producer)]
+        assert mine == [b"%d-%d" % (producer, i) for i in range(40)]
+    assert [m.payload for m in log] == seen
+    assert {m.payload: m.message_id for m in log} == acknowledged
+    assert all(wal.connection.reconnects >= 1 for wal in wals)
