@@ -75,12 +75,17 @@ async def open_node(
     ``interceptors``, since an interceptor serves one WAL, is None (the default chain),
     an empty sequence, or a zero-argument callable returning a fresh chain per pchannel.
     With ``read_only=True`` the stored routing must exist and match.
+
+    Over ``walsvc://host:port`` the node serves every pchannel (and the routing's): its
+    writers own the chain, the clock (one for all its pchannels) and the size limit, so
+    ``interceptors``, ``timetick_allocator`` and ``max_message_size`` raise
+    ``InvalidArgument``, as does ``migrate=True`` (a migration reads each pchannel's
+    backend: run it with the backend URL where the log is). Two openers storing a first
+    routing at once store one; the other raises ``WALFenced``.
     """
-    if isinstance(url, str) and url.startswith("walsvc://"):
-        # The pchannels' WALs open through the dispatching open_wal; what a node over
-        # walsvc:// still lacks is one timetick authority across them (the shared
-        # allocator is the local node's) and migration (it reads the backend).
-        raise InvalidArgument("open_node over walsvc:// is not served yet: open_wal its pchannels")
+    remote = isinstance(url, str) and url.startswith("walsvc://")
+    if remote:
+        _check_remote(migrate, open_wal_kwargs)
     wanted = _checked_pchannels(pchannels)
     asked = None if pins is None else Routing(1, wanted, pins=_checked_pins(pins))
     read_only = open_wal_kwargs.get("read_only", False)
@@ -88,14 +93,15 @@ async def open_node(
         raise InvalidArgument("migrate and read_only take a bool")
     if read_only and migrate:
         raise InvalidArgument("a read-only node cannot migrate the routing")
-    allocator = open_wal_kwargs.get("timetick_allocator") or HybridClock()
+    # One timetick authority for all pchannels: this process's clock, or the node's.
+    allocator = None if remote else open_wal_kwargs.get("timetick_allocator") or HybridClock()
     wal_kwargs = _wal_kwargs(open_wal_kwargs, allocator)
     options = {k: v for k, v in open_wal_kwargs.items() if k not in _WAL_ARGS}
     meta = await open_wal(
         url,
         ROUTING_PCHANNEL,
         read_only=read_only,
-        interceptors=None if read_only else [],
+        interceptors=None if read_only or remote else [],
         **options,
     )
     try:
@@ -117,6 +123,7 @@ async def open_node(
                     " pass pins= with the new placement"
                 )
             both = dict.fromkeys([*stored.pchannels, *wanted])
+            assert allocator is not None  # a migration is refused over walsvc://
             cuts = await take_cuts(url, both, allocator, options)
             routing = Routing(stored.version + 1, wanted, cuts=cuts, pins=kept)
         wals = await _open_all(url, wanted, wal_kwargs)
@@ -389,11 +396,30 @@ def _checked_pins(pins: object) -> tuple[tuple[str, str], ...]:
     return tuple(pins.items())
 
 
+def _check_remote(migrate: bool, kwargs: Mapping[str, Any]) -> None:
+    """What ``open_node`` over ``walsvc://`` refuses: the node's writers own the chain,
+    the clock and the size limit, and a migration reads each pchannel's backend."""
+    if migrate:
+        raise InvalidArgument(
+            "migrating the routing reads each pchannel's backend: run open_node(...,"
+            " migrate=True) with the node's backend URL where its log is, not over walsvc://"
+        )
+    owned = [k for k in ("timetick_allocator", "interceptors", "max_message_size") if k in kwargs]
+    if owned:
+        raise InvalidArgument(
+            f"{', '.join(owned)}: the node's writers own these; set them where the node runs"
+            " (walsvc serve), not on a walsvc:// client"
+        )
+
+
 def _wal_kwargs(
-    kwargs: Mapping[str, Any], allocator: TimetickAllocator
+    kwargs: Mapping[str, Any], allocator: TimetickAllocator | None
 ) -> Callable[[], dict[str, Any]]:
-    """A function giving the ``open_wal`` keyword arguments for one more pchannel."""
-    shared = {**kwargs, "timetick_allocator": allocator}
+    """A function giving the ``open_wal`` keyword arguments for one more pchannel
+    (``allocator`` None: the node over ``walsvc://`` allocates)."""
+    shared = dict(kwargs)
+    if allocator is not None:
+        shared["timetick_allocator"] = allocator
     chain = shared.pop("interceptors", None)
     if isinstance(chain, Sequence) and chain:
         raise InvalidArgument(

@@ -298,7 +298,8 @@ async def load_routings(meta: WAL) -> tuple[Routing, ...]:
     if latest is None:
         return ()
     history: list[Routing] = []
-    async with meta.read() as scanner:
+    # With timeticks: the newest record may be a TimeTick (a node's chain writes them)
+    async with meta.read(timeticks=True) as scanner:
         async for message in scanner:  # it would wait at the end: stop at the newest
             if message.persisted and message.vchannel == ROUTING_PCHANNEL:
                 try:
@@ -318,13 +319,20 @@ async def store_routing(meta: WAL, routing: Routing) -> None:
     """Append ``routing`` to ``meta``. ``WALFenced`` if another opener fenced ``meta``
     since it was read (it may have stored a version first): nothing was stored."""
     payload = msgspec.json.encode(routing)
+    raced = WALFenced(
+        f"another open_node changed the routing concurrently; version {routing.version}"
+        " was not stored (open the node again)"
+    )
+    # The key makes two openers storing one version (over walsvc://, where the node is
+    # the single writer and nothing fences) land one record; the reread tells whose.
+    key = f"{ROUTING_PCHANNEL}.v{routing.version}"
     try:
-        await meta.append(Message(payload=payload, vchannel=ROUTING_PCHANNEL))
+        await meta.append(Message(payload=payload, vchannel=ROUTING_PCHANNEL, idempotency_key=key))
     except WALFenced as exc:
-        raise WALFenced(
-            f"another open_node changed the routing concurrently; version {routing.version}"
-            " was not stored (open the node again)"
-        ) from exc
+        raise raced from exc
+    stored = await load_routings(meta)
+    if len(stored) < routing.version or stored[routing.version - 1] != routing:
+        raise raced
 
 
 async def take_cuts(

@@ -27,6 +27,7 @@ from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALRea
 from walsvc.core._filter import Filter
 from walsvc.core._ids import unmarshal_message_id
 from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.core._timetick import HybridClock
 from walsvc.remote._frames import FrameWriter, read_frame
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
@@ -347,7 +348,8 @@ class NodeServer:
         self.url = url
         self._token = token
         self._tls = tls
-        self._wal_options = wal_options
+        # One timetick authority for all the node's pchannels (as open_node has).
+        self._wal_options = {"timetick_allocator": HybridClock(), **wal_options}
         self._wals: dict[str, LocalWAL] = {}
         self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
         self._server: asyncio.Server | None = None
