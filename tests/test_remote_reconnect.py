@@ -9,6 +9,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _node_process import node_process
@@ -16,6 +17,7 @@ from _tcp_proxy import TcpProxy
 
 import walsvc
 from walsvc import DeliverPolicy, Message
+from walsvc.remote import _connection
 from walsvc.remote._client import RemoteWAL
 
 
@@ -315,3 +317,23 @@ async def test_a_node_killed_and_restarted_under_64_producers_loses_and_repeats_
     assert [m.payload for m in log] == seen
     assert {m.payload: m.message_id for m in log} == acknowledged
     assert all(wal.connection.reconnects >= 1 for wal in wals)
+
+
+async def test_a_caller_firing_appends_without_awaiting_waits_for_room(
+    node: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_connection, "MAX_PENDING", 8)
+    waiting: list[int] = []
+    request = _connection.Connection.request
+
+    def counting(conn: _connection.Connection, *args: Any, **kwargs: Any) -> Any:
+        pending = request(conn, *args, **kwargs)
+        waiting.append(len(conn._pending))
+        return pending
+
+    monkeypatch.setattr(_connection.Connection, "request", counting)
+    async with await walsvc.open_wal(node, _pchannel()) as wal:
+        calls = [wal.append(Message(payload=b"%d" % i, vchannel="v")) for i in range(200)]
+        results = await asyncio.gather(*calls)
+        assert len({r.message_id for r in results}) == 200
+        assert max(waiting) <= 8

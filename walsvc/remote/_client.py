@@ -254,6 +254,8 @@ class RemoteWAL(WAL):
         if type(message) is not Message or message.type in SYSTEM_TYPES or message.txn is not None:
             _check_user_message(message)
         conn = self._conn
+        if conn.full:
+            await conn.room()
         request = conn.next_id()
         keys = self._keys
         key = message.idempotency_key if keys is None else keys(message)
@@ -272,6 +274,8 @@ class RemoteWAL(WAL):
         if not batch:
             return []
         conn = self._conn
+        if conn.full:
+            await conn.room()
         request = conn.next_id()
         keys = self._keys
         wires = [_wire(m, m.idempotency_key if keys is None else keys(m)) for m in batch]

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import ssl
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -58,7 +59,14 @@ from ._protocol import (
 if TYPE_CHECKING:
     from ._scanner import RemoteScanner
 
-__all__ = ("DEFAULT_HEARTBEAT", "DEFAULT_RECONNECT_TIMEOUT", "Connection", "NodeAddress")
+__all__ = (
+    "DEFAULT_HEARTBEAT",
+    "DEFAULT_RECONNECT_TIMEOUT",
+    "MAX_PENDING",
+    "MAX_PENDING_BYTES",
+    "Connection",
+    "NodeAddress",
+)
 
 _log: Final = logging.getLogger("walsvc.remote")
 _encode: Final = msgspec.msgpack.Encoder().encode
@@ -70,6 +78,10 @@ DEFAULT_RECONNECT_TIMEOUT: Final = 30.0
 #: Seconds of silence after which the client pings; as long again without any frame
 #: from the node and the socket is dropped (and redialled).
 DEFAULT_HEARTBEAT: Final = 5.0
+#: Requests (and their encoded bytes) a connection keeps waiting for answers before
+#: callers wait for room.
+MAX_PENDING: Final = 16384
+MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 _FIRST_BACKOFF: Final = 0.05
 _MAX_BACKOFF: Final = 1.0
 
@@ -99,13 +111,19 @@ class _Pending:
     """A request waiting for its answer. ``sent`` once it reached a transport;
     ``resend``: safe to send again on a new socket (reads, idempotent appends)."""
 
-    __slots__ = ("append", "future", "item", "resend", "sent")
+    __slots__ = ("append", "future", "item", "resend", "sent", "size")
 
     def __init__(
-        self, future: asyncio.Future[Any], item: msgspec.Struct, append: bool, resend: bool
+        self,
+        future: asyncio.Future[Any],
+        item: msgspec.Struct,
+        append: bool,
+        resend: bool,
+        size: int = 0,
     ) -> None:
         self.future = future
         self.item = item
+        self.size = size
         self.append = append
         self.resend = resend
         self.sent = False
@@ -183,12 +201,14 @@ class Connection:
         "_ids",
         "_lost",
         "_pending",
+        "_pending_bytes",
         "_reconnect_timeout",
         "_reconnecting",
         "_reopen",
         "_socket",
         "_streams",
         "_tasks",
+        "_waiting_room",
         "received_bytes",
         "reconnects",
         "version",
@@ -209,6 +229,8 @@ class Connection:
         self.version = socket.version
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        self._pending_bytes = 0
+        self._waiting_room: deque[asyncio.Future[None]] = deque()
         self._streams: dict[int, RemoteScanner] = {}
         self._lost: WALError | None = None
         self._closing = False
@@ -273,11 +295,44 @@ class Connection:
             raise MessageTooLarge(
                 f"the request is {len(data)} bytes encoded; a frame holds {_MAX_ITEM}"
             )
-        pending = _Pending(asyncio.get_running_loop().create_future(), item, append, resend)
+        pending = _Pending(
+            asyncio.get_running_loop().create_future(), item, append, resend, len(data)
+        )
         self._pending[request] = pending
+        self._pending_bytes += len(data)
         socket = self._socket
         if socket is not None and not self._reconnecting:
             socket.writer.send(data, pending.mark_sent if append else None)
+        return pending
+
+    @property
+    def full(self) -> bool:
+        """True while the requests waiting for answers reach ``MAX_PENDING`` or
+        ``MAX_PENDING_BYTES``: callers ``await room()`` before adding one."""
+        return len(self._pending) >= MAX_PENDING or self._pending_bytes >= MAX_PENDING_BYTES
+
+    async def room(self) -> None:
+        """Wait until the connection takes another request (backpressure: a caller that
+        fires requests without awaiting them waits here, not in an unbounded queue)."""
+        while self.full and self._lost is None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting_room.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+
+    def _answered(self, request: int) -> _Pending | None:
+        """Take the pending request ``request`` off the books (None if unknown)."""
+        pending = self._pending.pop(request, None)
+        if pending is not None:
+            self._pending_bytes -= pending.size
+            if self._waiting_room and not self.full:
+                waiting, self._waiting_room = self._waiting_room, deque()
+                for waiter in waiting:  # each checks again: the first ones may fill it
+                    if not waiter.done():
+                        waiter.set_result(None)
         return pending
 
     def next_id(self) -> int:
@@ -360,9 +415,9 @@ class Connection:
         _log.info("%s; reconnecting", reason)
         for request, pending in list(self._pending.items()):
             if pending.future.done():
-                del self._pending[request]
+                self._answered(request)
             elif not pending.resend:
-                del self._pending[request]
+                self._answered(request)
                 self._fail(pending, BackendUnavailable(reason))
         if not self._reconnecting:  # else the running attempt dials again
             self._reconnecting = True
@@ -436,7 +491,7 @@ class Connection:
 
     def _dispatch(self, message: NodeMessage) -> None:
         if type(message) is Appended:  # the common answer first
-            pending = self._pending.pop(message.request, None)
+            pending = self._answered(message.request)
             if pending is not None and not pending.future.done():
                 pending.future.set_result(message)
         elif isinstance(message, Delivered):
@@ -461,7 +516,7 @@ class Connection:
         elif isinstance(message, Welcome | Refused):
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
         else:
-            pending = self._pending.pop(message.request, None)
+            pending = self._answered(message.request)
             if pending is None or pending.future.done():
                 return
             if isinstance(message, Failed):
@@ -496,8 +551,13 @@ class Connection:
             self._lost = reason
         self._reconnecting = False
         pending, self._pending = self._pending, {}
+        self._pending_bytes = 0
         for entry in pending.values():
             self._fail(entry, reason)
+        waiting, self._waiting_room = self._waiting_room, deque()
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)  # the caller's request then raises the loss
         streams, self._streams = self._streams, {}
         for scanner in streams.values():
             scanner._finish(type(reason)(str(reason)))
