@@ -189,6 +189,7 @@ async def _round(node: _Node, seed: int) -> None:
     assert [m.message_id for m in seen] == [m.message_id for m in log[: len(seen)]], context
 
 
+@pytest.mark.slow
 async def test_acknowledged_appends_survive_a_seeded_schedule_of_network_faults(
     node: _Node,
 ) -> None:
