@@ -9,11 +9,12 @@ figures. ``append`` opens one WAL (one connection) for its PRODUCERS coroutines,
 once (the node's WAL is then ready), prints ``ready`` and waits for ``go START`` on stdin
 (START: a ``time.monotonic()`` instant, the same clock in every process on this machine);
 from START its producers each await ``append`` back to back for WARMUP + SECONDS, and it
-reports the appends that completed in the last SECONDS. ``tail`` opens CONSUMERS read-only
-WALs (a connection each), each with one scanner from ``DeliverPolicy.latest()``, prints
-``ready`` once the node has every stream, and reads until every scanner has the stop
-message (see ``stamped``); it reports what each received and the visibility latencies of
-the messages stamped "measured", then waits for stdin to close before it disconnects.
+reports the appends that completed in the last SECONDS and its CPU time in them.
+``tail`` opens CONSUMERS read-only WALs (a connection each), each with one scanner from
+``DeliverPolicy.latest()``, prints ``ready`` once the node has every stream, and reads
+until every scanner has the stop message (see ``stamped``); it reports what each
+received and the visibility latencies of the messages stamped "measured", then waits for
+stdin to close before it disconnects.
 
 Nothing here is named like an asv benchmark, so asv's discovery ignores this module.
 """
@@ -59,6 +60,13 @@ def message(i: int, flag: int = UNMEASURED) -> Message:
     return Message(payload=stamped(flag), vchannel=VCHANNELS[i % len(VCHANNELS)])
 
 
+async def at(instant: float) -> None:
+    """Sleep until ``instant`` (``time.monotonic()``)."""
+    delay = instant - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
 async def windowed_appends(
     operation: Callable[[int], Awaitable[object]],
     *,
@@ -66,14 +74,13 @@ async def windowed_appends(
     start: float,
     warmup: float,
     seconds: float,
-) -> int:
+) -> tuple[int, float]:
     """From ``start`` (``time.monotonic()``), ``producers`` coroutines each await
     ``operation(i)`` back to back for ``warmup + seconds``; return how many calls
-    completed in the last ``seconds`` (calls in flight at the end are not counted)."""
+    completed in the last ``seconds`` (calls in flight at the end are not counted) and
+    this process's CPU time (``time.process_time``) in that window."""
     clock = time.monotonic
-    delay = start - clock()
-    if delay > 0:
-        await asyncio.sleep(delay)
+    await at(start)
     window_start = start + warmup
     end = window_start + seconds
     counted = 0
@@ -86,8 +93,14 @@ async def windowed_appends(
             if window_start <= done <= end:
                 counted += 1
 
-    await asyncio.gather(*(producer(i) for i in range(producers)))
-    return counted
+    async def cpu() -> float:
+        await at(window_start)
+        before = time.process_time()
+        await at(end)
+        return time.process_time() - before
+
+    *_, spent = await asyncio.gather(*(producer(i) for i in range(producers)), cpu())
+    return counted, spent
 
 
 async def consume(scanner: Scanner, latencies: list[int] | None = None) -> int:
@@ -141,10 +154,10 @@ async def _append(url: str, pchannel: str, producers: int, warmup: float, second
         async def operation(i: int) -> object:
             return await wal.append(message(i))
 
-        count = await windowed_appends(
+        count, cpu = await windowed_appends(
             operation, producers=producers, start=float(start), warmup=warmup, seconds=seconds
         )
-        _say({"count": count, "seconds": seconds})
+        _say({"count": count, "cpu": cpu})
     finally:
         await wal.aclose()
 

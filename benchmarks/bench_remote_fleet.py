@@ -17,7 +17,8 @@ or latency) of each side.
   keys), to a node over ``file://`` with ``--sync always``; all start at one instant sent
   on their stdin, warm up 0.2 s, then count the appends completed in 1 s; their sum per
   second over the same windowed count of 64 producers on an embedded ``file://`` WAL
-  (``sync="always"``) in this process. Target >= 0.8.
+  (``sync="always"``) in this process. Target >= 0.8. Stderr: CPU per append in the
+  window of the node, of the 4 clients together and of the embedded process.
 - ``FilterCpu.track_filter_cpu_ratio``: a ``file://`` log of 200k messages over 16
   vchannels round robin (built by an embedded writer, default chain, before the node
   starts), then a "v3" sentinel appended through the node. Node CPU of a remote
@@ -95,6 +96,7 @@ from ._fleet_client import (
     MEASURED,
     STOP,
     UNMEASURED,
+    at,
     consume,
     latency_summary,
     message,
@@ -219,17 +221,30 @@ WARMUP = 0.2
 SECONDS = 1.0
 
 
-async def fleet_append_rate(url: str, loop: str) -> float:
+async def fleet_append_rate(node: NodeProcess, loop: str) -> float:
     """Appends/s of FLEET_PROCESSES client processes x FLEET_PRODUCERS producers on a
-    fresh pchannel of the node at ``url``, counted in one common window."""
-    args = ("append", url, _pchannel(), str(FLEET_PRODUCERS), str(WARMUP), str(SECONDS), loop)
+    fresh pchannel of ``node``, counted in one common window."""
+    args = (
+        *("append", node.url, _pchannel()),
+        *(str(FLEET_PRODUCERS), str(WARMUP), str(SECONDS), loop),
+    )
     async with client_processes(FLEET_PROCESSES, *args) as children:
         start = time.monotonic() + 0.1
         for child in children:
             child.send(f"go {start!r}")
+        await at(start + WARMUP)
+        before = process_cpu(node.process.pid)
+        await at(start + WARMUP + SECONDS)
+        node_cpu = cpu_between(before, process_cpu(node.process.pid))
         results = await asyncio.gather(*(c.figures() for c in children))
-    note(f"4 processes: appends in the window {[r['count'] for r in results]}")
-    return sum(r["count"] for r in results) / SECONDS
+    appended = sum(r["count"] for r in results)
+    clients_cpu = sum(r["cpu"] for r in results)
+    note(
+        f"4 processes: appends in the window {[r['count'] for r in results]}; CPU per append:"
+        f" node {node_cpu / appended * 1e6:.1f} us (busy {node_cpu / SECONDS:.2f}),"
+        f" clients {clients_cpu / appended * 1e6:.1f} us"
+    )
+    return appended / SECONDS
 
 
 async def embedded_append_rate(url: str, producers: int) -> float:
@@ -242,13 +257,14 @@ async def embedded_append_rate(url: str, producers: int) -> float:
         async def operation(i: int) -> object:
             return await wal.append(message(i))
 
-        count = await windowed_appends(
+        count, cpu = await windowed_appends(
             operation,
             producers=producers,
             start=time.monotonic() + 0.005,
             warmup=WARMUP,
             seconds=SECONDS,
         )
+        note(f"embedded: CPU per append {cpu / count * 1e6:.1f} us")
         return count / SECONDS
     finally:
         await wal.aclose()
@@ -324,7 +340,7 @@ class FleetAppend(_Bench):
             self.loop,
             REPEATS,
             lambda: embedded_append_rate(self.local, FLEET_PROCESSES * FLEET_PRODUCERS),
-            lambda: fleet_append_rate(self.file_node.url, loop),
+            lambda: fleet_append_rate(self.file_node, loop),
         )
         note(f"append, file:// sync=always: embedded 64 {[round(r) for r in embedded]} msgs/s")
         note(f"append, file:// sync=always: 4 processes x 16 {[round(r) for r in remote]} msgs/s")
