@@ -56,18 +56,25 @@ TAIL_MESSAGES = 100_000
 ROOT = Path(__file__).resolve().parent.parent
 
 
-#: ``python -m walsvc`` in a process that dies with the benchmark (``die_with_parent``).
+#: ``python -m walsvc`` in a process that dies with the benchmark (``die_with_parent``);
+#: with ``WALSVC_BENCH_NODE_LOOP=asyncio`` uvloop cannot be imported, so the node runs the
+#: stock asyncio loop.
 _NODE_MAIN = (
-    "import sys; from benchmarks._common import die_with_parent; die_with_parent();"
+    "import os, sys; from benchmarks._common import die_with_parent; die_with_parent();"
+    " os.environ.get('WALSVC_BENCH_NODE_LOOP') == 'asyncio' and sys.modules.update(uvloop=None);"
     " from walsvc.apps._cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
 class NodeProcess:
     """``walsvc serve`` in a subprocess; ``url`` is the node's ``walsvc://`` URL. The
-    node gets SIGTERM if this process dies without stopping it."""
+    node gets SIGTERM if this process dies without stopping it. ``loop="asyncio"`` runs
+    it on the stock asyncio loop instead of its default, uvloop."""
 
-    def __init__(self, log_url: str, *extra: str) -> None:
+    def __init__(self, log_url: str, *extra: str, loop: str = "uvloop") -> None:
+        environment = child_environment()
+        if loop == "asyncio":
+            environment["WALSVC_BENCH_NODE_LOOP"] = "asyncio"
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -81,7 +88,7 @@ class NodeProcess:
                 *extra,
             ],
             cwd=ROOT,
-            env=child_environment(),
+            env=environment,
             stdout=subprocess.PIPE,
             text=True,
         )

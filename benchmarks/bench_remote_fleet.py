@@ -2,10 +2,10 @@
 processes appending together, what a filtered read and a fan-out cost the node, append ->
 remote visibility, and catch-up delivery on its own.
 
-Every node is a subprocess (``python -m walsvc serve``, on loopback, on its default loop:
-uvloop) started in ``setup`` and stopped by its pid in ``teardown``; its scratch
-directory goes with it. Parameter ``loop`` is the clients' loop (this process and the
-client processes, ``benchmarks._fleet_client``). Payloads are 100 bytes; the producers'
+Every node is a subprocess (``python -m walsvc serve``, on loopback) started in
+``setup`` and stopped by its pid in ``teardown``; its scratch directory goes with it.
+Parameter ``loop`` is every process's loop: this process, the client processes
+(``benchmarks._fleet_client``) and the node. Payloads are 100 bytes; the producers'
 carry the ``time.monotonic_ns()`` of the append call (``_fleet_client.stamped``). Node CPU
 is the node process's run time, every thread, read from ``/proc/PID/task/*/schedstat``
 (ns; utime + stime of ``/proc/PID/stat`` if a thread ended in between). Each figure runs
@@ -20,12 +20,13 @@ or latency) of each side.
   (``sync="always"``) in this process. Target >= 0.8. Stderr: CPU per append in the
   window of the node, of the 4 clients together and of the embedded process.
 - ``FilterCpu.track_filter_cpu_ratio``: a ``file://`` log of 200k messages over 16
-  vchannels round robin (built by an embedded writer, default chain, before the node
-  starts), then a "v3" sentinel appended through the node. Node CPU of a remote
-  ``read(DeliverPolicy.all(), filters=[scanners.vchannel("v3")])`` from the start until
-  the sentinel arrives, per record in the log up to the sentinel (TimeTicks included),
-  over ``time.process_time`` per record of the same filtered read of the same log by a
-  read-only embedded WAL in this process. Lower is better; target <= 1.5.
+  vchannels round robin, built by an embedded writer (default chain) and copied before
+  anything else opens it; the node serves the log, an embedded read-write WAL in this
+  process opens the copy, and each gets a "v3" sentinel with an idempotency key. Node
+  CPU of a remote ``read(DeliverPolicy.all(), filters=[scanners.vchannel("v3")])`` from
+  the start until its sentinel arrives, per record in the log up to the sentinel
+  (TimeTicks included), over ``time.process_time`` per record of the same read of the
+  copy by the embedded WAL. Lower is better; target <= 1.5.
 - ``FanOutCpu.track_fanout_cpu_ratio``: a node over ``memory://``; k remote consumers
   (k = 64: 4 client processes of 16, each consumer on its own connection; k = 1: one
   process) tail one pchannel from ``latest`` while a producer in this process appends
@@ -47,11 +48,11 @@ or latency) of each side.
   over the messages of the 2 s. Target <= 20 ms. Stderr: p50, max, the achieved rate and
   the same figures of an embedded ``file://`` WAL (``sync="always"``) with the producers
   and a tailing consumer in this process, and the node's busy share (CPU / wall time).
-- ``CatchUp.track_catchup_consumer_ratio``: the log of ``FilterCpu``; messages/s one
-  remote consumer receives reading it with ``read(DeliverPolicy.all())`` from the
-  ``read`` call until the sentinel, over the same read by a read-only embedded WAL. This
-  is delivery on its own: bench_remote's tailing ratio is bounded by its remote
-  producer.
+- ``CatchUp.track_catchup_consumer_ratio``: the log and copy of ``FilterCpu``;
+  messages/s one remote consumer receives reading the log with
+  ``read(DeliverPolicy.all())`` from the ``read`` call until the sentinel, over the same
+  read of the copy by the embedded WAL. This is delivery on its own: bench_remote's
+  tailing ratio is bounded by its remote producer.
 
 Run alone: ``python -m benchmarks.bench_remote_fleet [FIGURE ...] [LOOP ...]`` prints
 every figure (or those named, e.g. ``track_filter_cpu_ratio``) for each loop (or those
@@ -64,6 +65,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 import timeit
@@ -74,7 +76,7 @@ from typing import Any, Final
 
 import scanners
 import walsvc
-from walsvc import AppendResult, DeliverPolicy, Message, MessageId
+from walsvc import DeliverPolicy, Message, MessageId
 
 from ._common import (
     LOOPS,
@@ -275,6 +277,7 @@ class _Bench:
     param_names = ("loop",)
     timer = timeit.default_timer
     timeout = 240
+    loop_kind: str
     loop: asyncio.AbstractEventLoop
     nodes: list[NodeProcess]
     dirs: list[str]
@@ -287,6 +290,7 @@ class _Bench:
             # the nodes and client processes (cwd ROOT) import ROOT's.
             note(f"this process runs walsvc from {imported}, the nodes and clients {ROOT}")
         self.nodes, self.dirs = [], []
+        self.loop_kind = loop
         self.loop = new_loop(loop)
         try:
             self.start()
@@ -298,7 +302,7 @@ class _Bench:
         """Start this benchmark's nodes (``self.node``), build what it needs."""
 
     def node(self, log_url: str, *extra: str) -> NodeProcess:
-        node = NodeProcess(log_url, *extra)
+        node = NodeProcess(log_url, *extra, loop=self.loop_kind)
         self.nodes.append(node)
         return node
 
@@ -388,27 +392,42 @@ async def read_until(
 
 
 class _FilledLog(_Bench):
-    """A file:// log of LOG_RECORDS messages served by a node, a "v3" sentinel appended
-    through it; ``self.remote`` (read-write, on the node) and ``self.local`` (read-only,
-    embedded, the same directory) are open on it."""
+    """A file:// log of LOG_RECORDS messages and a copy of it: the node serves the log,
+    ``self.remote`` is a read-write WAL on it through the node; ``self.local`` is an
+    embedded read-write WAL on the copy. Each has a "v3" sentinel appended with an
+    idempotency key (the append waits for the dedup window's rebuild from the log, which
+    would otherwise run during the first reads); ``self.last`` has both sentinels' ids,
+    ``self.records`` each log's records up to its sentinel (TimeTicks included; the
+    served log's counted by a read-only embedded WAL)."""
 
     remote: walsvc.WAL
     local: walsvc.WAL
 
     def start(self) -> None:
-        url = f"file://{self.scratch('filled-log')}"
+        served, copy = self.scratch("filled-log"), self.scratch("filled-copy")
         run = self.loop.run_until_complete
-        run(build_log(url))
-        self.file_node = self.node(url)
+        run(build_log(f"file://{served}"))
+        shutil.copytree(served, copy, dirs_exist_ok=True)
+        self.file_node = self.node(f"file://{served}")
         self.remote = run(walsvc.open_wal(self.file_node.url, "p0"))
-        sentinel: AppendResult = run(self.remote.append(Message(payload=PAYLOAD, vchannel=WANTED)))
-        self.last = sentinel.message_id
-        self.local = run(walsvc.open_wal(url, "p0", read_only=True))
-        self.records = run(read_until(self.local, self.last, raw=True))
-        self.messages = run(read_until(self.local, self.last))
-        self.matches = run(read_until(self.local, self.last, filters=[scanners.vchannel(WANTED)]))
-        if self.matches != LOG_RECORDS // 16 + 1:
-            raise AssertionError(f"{self.matches} messages of {WANTED!r}")
+        self.local = run(walsvc.open_wal(f"file://{copy}", "p0"))
+        self.last: dict[str, MessageId] = {}
+        self.records: dict[str, int] = {}
+        self.messages: dict[str, int] = {}
+        served_reader = run(walsvc.open_wal(f"file://{served}", "p0", read_only=True))
+        try:
+            for side, wal, reader in (
+                ("remote", self.remote, served_reader),
+                ("local", self.local, self.local),
+            ):
+                sentinel = Message(payload=PAYLOAD, vchannel=WANTED, idempotency_key="sentinel")
+                last = self.last[side] = run(wal.append(sentinel)).message_id
+                self.records[side] = run(read_until(reader, last, raw=True))
+                self.messages[side] = run(read_until(reader, last))
+                if self.messages[side] != LOG_RECORDS + 1:
+                    raise AssertionError(f"{side}: {self.messages[side]} messages")
+        finally:
+            run(served_reader.aclose())
 
     def stop(self) -> None:
         for wal in (getattr(self, "remote", None), getattr(self, "local", None)):
@@ -422,28 +441,29 @@ class FilterCpu(_FilledLog):
 
     unit = "ratio"
 
+    async def filtered(self, side: str) -> int:
+        wal = self.remote if side == "remote" else self.local
+        got = await read_until(wal, self.last[side], filters=[scanners.vchannel(WANTED)])
+        if got != LOG_RECORDS // 16 + 1:
+            raise AssertionError(f"the {side} filtered read delivered {got}")
+        return got
+
     async def remote_cpu(self) -> float:
         pid = self.file_node.process.pid
         before = process_cpu(pid)
-        got = await read_until(self.remote, self.last, filters=[scanners.vchannel(WANTED)])
-        spent = cpu_between(before, process_cpu(pid))
-        if got != self.matches:
-            raise AssertionError(f"the remote filtered read delivered {got}")
-        return spent / self.records
+        await self.filtered("remote")
+        return cpu_between(before, process_cpu(pid)) / self.records["remote"]
 
     async def local_cpu(self) -> float:
         before = time.process_time()
-        got = await read_until(self.local, self.last, filters=[scanners.vchannel(WANTED)])
-        spent = time.process_time() - before
-        if got != self.matches:
-            raise AssertionError(f"the embedded filtered read delivered {got}")
-        return spent / self.records
+        await self.filtered("local")
+        return (time.process_time() - before) / self.records["local"]
 
     def track_filter_cpu_ratio(self, loop: str) -> float:
         """Target <= 1.5."""
         local, remote = side_by_side(self.loop, REPEATS, self.local_cpu, self.remote_cpu)
         note(
-            f"1-of-16 filtered read of {self.records} records: node"
+            f"1-of-16 filtered read of {self.records['remote']} records: node"
             f" {[round(c * 1e9) for c in remote]} ns/record, embedded"
             f" {[round(c * 1e9) for c in local]} ns/record"
         )
@@ -456,20 +476,22 @@ class CatchUp(_FilledLog):
 
     unit = "ratio"
 
-    async def rate(self, wal: walsvc.WAL) -> float:
+    async def rate(self, side: str) -> float:
+        wal = self.remote if side == "remote" else self.local
         start = time.perf_counter()
-        got = await read_until(wal, self.last)
+        got = await read_until(wal, self.last[side])
         elapsed = time.perf_counter() - start
-        if got != self.messages:
-            raise AssertionError(f"the read delivered {got} messages, not {self.messages}")
+        if got != self.messages[side]:
+            raise AssertionError(f"the {side} read delivered {got}, not {self.messages[side]}")
         return got / elapsed
 
     def track_catchup_consumer_ratio(self, loop: str) -> float:
         embedded, remote = side_by_side(
-            self.loop, REPEATS, lambda: self.rate(self.local), lambda: self.rate(self.remote)
+            self.loop, REPEATS, lambda: self.rate("local"), lambda: self.rate("remote")
         )
-        note(f"catch-up read of {self.messages} messages: embedded {[round(r) for r in embedded]}")
-        note(f"catch-up read of {self.messages} messages: walsvc:// {[round(r) for r in remote]}")
+        count = self.messages["remote"]
+        note(f"catch-up read of {count} messages: embedded {[round(r) for r in embedded]}")
+        note(f"catch-up read of {count} messages: walsvc:// {[round(r) for r in remote]}")
         return max(remote) / max(embedded)
 
 
