@@ -199,14 +199,19 @@ class ClientProcess:
 
 @contextlib.asynccontextmanager
 async def client_processes(count: int, *args: str) -> Any:
-    """``count`` client processes started with ``args``, ready; closed (killed if need
-    be) on the way out."""
+    """``count`` client processes started with ``args``, ready; closed on the way out
+    (killed at once if the block raised, else if they take more than 10 s)."""
     children: list[ClientProcess] = []
     try:
         while len(children) < count:  # one at a time: those started are closed on failure
             children.append(await ClientProcess.start(*args))
         await asyncio.gather(*(c.ready() for c in children))
         yield children
+    except BaseException:
+        for child in children:
+            if child.process.returncode is None:
+                child.process.kill()
+        raise
     finally:
         await asyncio.gather(*(c.close() for c in children))
 
