@@ -1,6 +1,6 @@
 """What the benchmark modules share: event loops, the 100-byte payload, the raw group-commit
-baseline, the decode-everything scan baseline, closed- and open-loop producer drivers, and
-side-by-side repetition.
+baseline, the decode-everything scan baseline, closed- and open-loop producer drivers,
+side-by-side repetition, and child processes that do not outlive the benchmark.
 
 Nothing here is named like an asv benchmark (``time_*``, ``track_*``, ``Time*``, ...), so
 asv's discovery ignores this module.
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -33,9 +35,11 @@ __all__ = (
     "BrokerBench",
     "RawGroupCommitLog",
     "best_ratio",
+    "child_environment",
     "close_loop",
     "closed_loop_rate",
     "decode_all_scan",
+    "die_with_parent",
     "new_loop",
     "note",
     "open_loop_latencies",
@@ -99,6 +103,31 @@ def remove_dir(path: str | None) -> None:
     """Remove ``path`` and everything under it, if it exists."""
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+#: Environment variable naming the pid a benchmark's child process must not outlive.
+PARENT_PID_VARIABLE = "WALSVC_BENCH_PARENT"
+_PR_SET_PDEATHSIG = 1
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of a child process that calls ``die_with_parent``."""
+    return {**os.environ, PARENT_PID_VARIABLE: str(os.getpid())}
+
+
+def die_with_parent() -> None:
+    """In a child started with ``child_environment()``: have Linux send this process
+    SIGTERM when its parent dies, however it dies (asv kills a benchmark that runs past
+    its timeout with SIGTERM, then SIGKILL, and runs no teardown), and exit now if the
+    parent is already gone."""
+    parent = os.environ.get(PARENT_PID_VARIABLE)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(parent):
+        raise SystemExit("the benchmark process that started this one is gone")
 
 
 def note(message: str) -> None:

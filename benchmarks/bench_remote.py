@@ -2,8 +2,9 @@
 ``walsvc://`` against the same work on an embedded WAL, side by side in one run.
 
 The node is a subprocess (``python -m walsvc serve``) on loopback, started per
-benchmark in ``setup`` and stopped by its pid in ``teardown``; the client runs on the
-benchmark's loop. Payloads are 100 bytes.
+benchmark in ``setup`` and stopped by its pid in ``teardown`` (Linux sends it SIGTERM if
+the benchmark process dies first); the client runs on the benchmark's loop. Payloads are
+100 bytes.
 
 - ``track_append_64_producers_ratio``: 64 producers in one client each awaiting
   ``append`` to a node over ``file://`` with ``sync="always"``, over 64 producers on an
@@ -12,7 +13,10 @@ benchmark's loop. Payloads are 100 bytes.
   ``walsvc://`` (node on ``memory://``), over the same on an embedded ``memory://`` WAL.
 - ``track_tailing_consumer_ratio``: one remote reader tailing while a remote producer
   appends batches of 100 (node on ``memory://``): messages/s the reader received, over an
-  embedded ``memory://`` reader tailing the same way.
+  embedded ``memory://`` reader tailing the same way. The reader cannot receive faster
+  than the remote producer appends (the producer's ``append_many`` rate bounds it), so
+  this is the pair's rate; ``bench_remote_fleet``'s catch-up ratio measures delivery on
+  its own.
 
 Run alone: ``python -m benchmarks.bench_remote`` prints every figure.
 """
@@ -37,6 +41,7 @@ from ._common import (
     PRODUCERS,
     VCHANNELS,
     best_ratio,
+    child_environment,
     close_loop,
     closed_loop_rate,
     new_loop,
@@ -51,15 +56,30 @@ TAIL_MESSAGES = 100_000
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class NodeProcess:
-    """``walsvc serve`` in a subprocess; ``url`` is the node's ``walsvc://`` URL."""
+#: ``python -m walsvc`` in a process that dies with the benchmark (``die_with_parent``);
+#: with ``WALSVC_BENCH_NODE_LOOP=asyncio`` uvloop cannot be imported, so the node runs the
+#: stock asyncio loop.
+_NODE_MAIN = (
+    "import os, sys; from benchmarks._common import die_with_parent; die_with_parent();"
+    " os.environ.get('WALSVC_BENCH_NODE_LOOP') == 'asyncio' and sys.modules.update(uvloop=None);"
+    " from walsvc.apps._cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
-    def __init__(self, log_url: str, *extra: str) -> None:
+
+class NodeProcess:
+    """``walsvc serve`` in a subprocess; ``url`` is the node's ``walsvc://`` URL. The
+    node gets SIGTERM if this process dies without stopping it. ``loop="asyncio"`` runs
+    it on the stock asyncio loop instead of its default, uvloop."""
+
+    def __init__(self, log_url: str, *extra: str, loop: str = "uvloop") -> None:
+        environment = child_environment()
+        if loop == "asyncio":
+            environment["WALSVC_BENCH_NODE_LOOP"] = "asyncio"
         self.process = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "walsvc",
+                "-c",
+                _NODE_MAIN,
                 "serve",
                 "--url",
                 log_url,
@@ -68,6 +88,7 @@ class NodeProcess:
                 *extra,
             ],
             cwd=ROOT,
+            env=environment,
             stdout=subprocess.PIPE,
             text=True,
         )
