@@ -3,8 +3,9 @@
 Prints one line, ``walsvc node serving URL at walsvc://HOST:PORT``, once it listens (a
 supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C.
 ``--sync`` is the file backend's sync mode; ``--tls-cert``/``--tls-key`` serve over TLS
-(``--tls-client-ca`` demands client certificates); the bearer token comes from the environment
-variable ``WALSVC_TOKEN`` (never the command line, where ``ps`` would show it).
+(``--tls-client-ca`` demands client certificates); the bearer token comes from the first line
+of ``--token-file`` or else the environment variable ``WALSVC_TOKEN`` (never the command
+line, where ``ps`` would show it).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import ssl
 import sys
@@ -21,7 +21,7 @@ from typing import Any
 from walsvc.core._errors import WALError
 from walsvc.service._server import serve
 
-from ._cli_args import UsageError, event_loop
+from ._cli_args import UsageError, bearer_token, event_loop
 
 __all__ = ("add_serve_parser", "run_serve_command")
 
@@ -34,12 +34,16 @@ def add_serve_parser(commands: Any) -> None:
         description=(
             "Serve the pchannels of the log at --url to walsvc:// clients on --listen."
             " The node is each pchannel's single writer. Clients must present the token"
-            " in WALSVC_TOKEN when it is set."
+            " of --token-file, or else of WALSVC_TOKEN, when one is set."
         ),
     )
     parser.add_argument("--url", required=True, help="the log, e.g. file:///data/wal")
     parser.add_argument(
         "--listen", default="127.0.0.1:7070", help="host:port (port 0: any free port)"
+    )
+    parser.add_argument(
+        "--token-file",
+        help="clients must present the token on this file's first line (default: WALSVC_TOKEN)",
     )
     parser.add_argument("--tls-cert", help="serve over TLS: the node's certificate chain (PEM)")
     parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
@@ -59,11 +63,11 @@ async def _serve(args: argparse.Namespace) -> None:
     options: dict[str, Any] = {}
     if args.sync is not None:
         options["sync"] = args.sync
+    token = bearer_token(args.token_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    token = os.environ.get("WALSVC_TOKEN") or None
     async with serve(args.url, args.listen, token=token, tls=_tls(args), **options) as node:
         print(f"walsvc node serving {args.url} at {node.node_url}", flush=True)
         await stop.wait()

@@ -29,6 +29,7 @@ from walsvc.core._errors import (
     BackendUnavailable,
     CorruptRecord,
     MessageTooLarge,
+    UnsupportedVersion,
     WALClosed,
     WALError,
 )
@@ -146,8 +147,9 @@ class _Socket:
 
 async def _dial(address: NodeAddress, within: float) -> _Socket:
     """Connect and run the handshake. Raises ``BackendUnavailable`` if the node cannot
-    be reached in ``within`` seconds, ``WALError`` if it refuses (a certificate that
-    does not verify included)."""
+    be reached in ``within`` seconds (or is draining), ``Unauthenticated`` or
+    ``UnsupportedVersion`` if it refuses the token or the versions, ``WALError`` for a
+    certificate that does not verify."""
     where, tls, versions = address.url, address.tls, address.versions
     try:
         async with asyncio.timeout(within):
@@ -179,12 +181,13 @@ async def _dial(address: NodeAddress, within: float) -> _Socket:
     writer.close()
     if isinstance(first, Refused):
         if first.code == ErrorCode.UNSUPPORTED_VERSION:
-            raise WALError(
+            raise UnsupportedVersion(
                 f"the node at {where} speaks protocol versions"
                 f" {first.min_version}..{first.max_version}; this client speaks"
                 f" {versions[0]}..{versions[1]} ({first.message})"
             )
-        raise WALError(f"the node at {where} refused the connection: {first.message}")
+        # Unauthenticated for a token refused; BackendUnavailable from a draining node
+        raise error_from(first.code, f"the node at {where} refused the connection: {first.message}")
     raise CorruptRecord(f"the node at {where} answered the handshake with {answer!r}")
 
 
@@ -261,9 +264,10 @@ class Connection:
         heartbeat: float = DEFAULT_HEARTBEAT,
     ) -> Connection:
         """Connect to the node at ``host:port`` (over TLS with ``tls``) and run the
-        handshake. Raises ``BackendUnavailable`` if it cannot be reached, ``WALError`` if
-        it refuses (a certificate that does not verify included). A lost socket is
-        redialled for ``reconnect_timeout`` seconds (0: not at all)."""
+        handshake. Raises ``BackendUnavailable`` if it cannot be reached (or is
+        draining), ``Unauthenticated`` or ``UnsupportedVersion`` if it refuses the token
+        or the versions, ``WALError`` for a certificate that does not verify. A lost
+        socket is redialled for ``reconnect_timeout`` seconds (0: not at all)."""
         address = NodeAddress(host, port, token, tls, versions, connect_timeout)
         socket = await _dial(address, connect_timeout)
         return cls(address, socket, reconnect_timeout=reconnect_timeout, heartbeat=heartbeat)

@@ -32,8 +32,10 @@ from walsvc.core._errors import (
     TxnError,
     TxnExpired,
     TxnNotActive,
+    Unauthenticated,
     UnknownBackend,
     UnknownTxn,
+    UnsupportedVersion,
     WALClosed,
     WALError,
     WALFenced,
@@ -146,6 +148,8 @@ _CLASSES: Final[dict[int, type[WALError]]] = {
     ErrorCode.SUBSCRIPTION_BUSY: SubscriptionBusy,
     ErrorCode.SUBSCRIPTION_MISMATCH: SubscriptionMismatch,
     ErrorCode.ROUTING_MISMATCH: RoutingMismatch,
+    ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
+    ErrorCode.UNAUTHENTICATED: Unauthenticated,
 }
 _CODES: Final = {cls: code for code, cls in _CLASSES.items()}
 
