@@ -43,6 +43,8 @@ from walsvc.core._errors import (
     WALTruncated,
 )
 
+from ._node_status import NodeStatus
+
 __all__ = (
     "FRAME_HEADER",
     "MAX_FRAME_BYTES",
@@ -69,6 +71,8 @@ __all__ = (
     "Pong",
     "Read",
     "Refused",
+    "Status",
+    "StatusIs",
     "StreamEnded",
     "StreamStarted",
     "Welcome",
@@ -316,8 +320,24 @@ class Ping(msgspec.Struct, array_like=True, frozen=True, tag=10):
     nonce: int
 
 
+class Status(msgspec.Struct, array_like=True, frozen=True, tag=60):
+    """The node's status (no WAL needs to be open); answered by ``StatusIs``."""
+
+    request: int
+
+
 ClientMessage = (
-    Hello | OpenWal | Append | AppendMany | LatestId | Read | Credit | CloseStream | CloseWal | Ping
+    Hello
+    | OpenWal
+    | Append
+    | AppendMany
+    | LatestId
+    | Read
+    | Credit
+    | CloseStream
+    | CloseWal
+    | Ping
+    | Status
 )
 
 
@@ -412,6 +432,13 @@ class Pong(msgspec.Struct, array_like=True, frozen=True, tag=30):
     nonce: int
 
 
+class StatusIs(msgspec.Struct, array_like=True, frozen=True, tag=70):
+    """The answer to ``Status``: the node, its pchannels, connections and streams."""
+
+    request: int
+    status: NodeStatus
+
+
 NodeMessage = (
     Welcome
     | Refused
@@ -424,4 +451,5 @@ NodeMessage = (
     | Done
     | StreamStarted
     | Pong
+    | StatusIs
 )

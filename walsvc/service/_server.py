@@ -7,7 +7,7 @@ then requests answered in any order (each append runs as its own task, so concur
 appends coalesce in the WAL) and streams fed from the WAL's scanners (the WAL filters
 by header; the tail cache serves tailing readers) within each stream's credit. A peer
 that breaks the protocol (garbage, a length prefix above the limit) is disconnected
-alone, with one log line.
+alone, with one log line. ``Status`` is answered from ``_status``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final, final
 
@@ -29,6 +30,7 @@ from walsvc.core._ids import unmarshal_message_id
 from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
 from walsvc.core._timetick import HybridClock
 from walsvc.remote._frames import FrameWriter, read_frame
+from walsvc.remote._node_status import NodeStatus
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
     PRODUCER_KEY_PREFIX,
@@ -52,6 +54,8 @@ from walsvc.remote._protocol import (
     Pong,
     Read,
     Refused,
+    Status,
+    StatusIs,
     StreamEnded,
     StreamStarted,
     Welcome,
@@ -63,6 +67,8 @@ from walsvc.remote._protocol import (
 )
 from walsvc.wal._open import open_wal
 from walsvc.wal._wal import LocalWAL
+
+from ._status import host_port, node_status
 
 __all__ = ("NodeServer", "serve")
 
@@ -129,24 +135,28 @@ def _message(wire: WireMessage) -> Message:
 class _Stream:
     """One client stream: its scanner's pump and its credit."""
 
-    __slots__ = ("bytes", "credit", "messages", "task", "wal")
+    __slots__ = ("bytes", "credit", "delivered", "messages", "read", "task", "waiting_for_credit")
 
-    def __init__(self, wal: int, messages: int, bytes_: int) -> None:
-        self.wal = wal
-        self.messages = messages
-        self.bytes = bytes_
+    def __init__(self, read: Read) -> None:
+        self.read = read
+        self.messages = read.credit_messages
+        self.bytes = read.credit_bytes
         self.credit = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.delivered = 0  # messages sent
+        self.waiting_for_credit = False
 
 
 @final
 class _Session:
     """One client connection after its handshake."""
 
-    def __init__(self, node: NodeServer, writer: FrameWriter, peer: str) -> None:
+    def __init__(self, node: NodeServer, writer: FrameWriter, peer: str, number: int) -> None:
         self._node = node
         self._writer = writer
-        self._peer = peer
+        self.peer = peer
+        self.number = number
+        self.connected_at = time.time()
         self._handles: dict[int, tuple[LocalWAL, bool]] = {}
         self._next_handle = 1
         self._streams: dict[int, _Stream] = {}
@@ -162,7 +172,7 @@ class _Session:
 
     def _fail(self, request: int, error: BaseException) -> None:
         if not isinstance(error, WALError):
-            _log.exception("request %d of %s failed", request, self._peer, exc_info=error)
+            _log.exception("request %d of %s failed", request, self.peer, exc_info=error)
         self._send(Failed(request, error_code(error), str(error)))
 
     def handle(self, message: ClientMessage) -> None:
@@ -189,9 +199,11 @@ class _Session:
         elif isinstance(message, CloseWal):
             self._handles.pop(message.wal, None)
             for number, stream in list(self._streams.items()):
-                if stream.wal == message.wal:
+                if stream.read.wal == message.wal:
                     self._close_stream(number)
             self._send(Done(message.request))
+        elif isinstance(message, Status):
+            self._spawn(self._status(message))
         else:
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
 
@@ -244,6 +256,14 @@ class _Session:
             return
         self._send(LatestIdIs(request.request, None if latest is None else latest.marshal()))
 
+    async def _status(self, request: Status) -> None:
+        try:
+            status = await self._node.status()
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(StatusIs(request.request, status))
+
     def _read(self, request: Read) -> None:
         if request.stream in self._streams:
             self._send(StreamEnded(request.stream, ErrorCode.INVALID_ARGUMENT, "stream in use"))
@@ -277,9 +297,7 @@ class _Session:
         except Exception as exc:
             self._send(StreamEnded(request.stream, error_code(exc), str(exc)))
             return
-        stream = self._streams[request.stream] = _Stream(
-            request.wal, request.credit_messages, request.credit_bytes
-        )
+        stream = self._streams[request.stream] = _Stream(request)
         if deliver.kind == "latest":
             self._send(StreamStarted(request.stream, wal.last_timetick))
         stream.task = asyncio.get_running_loop().create_task(
@@ -295,7 +313,9 @@ class _Session:
                 while start < len(batch):
                     while stream.messages <= 0 or stream.bytes <= 0:
                         stream.credit.clear()
+                        stream.waiting_for_credit = True
                         await stream.credit.wait()
+                    stream.waiting_for_credit = False
                     end, spent = start, 0
                     limit = min(stream.bytes, _DELIVERY_BYTES)
                     while end < len(batch) and end - start < stream.messages and spent < limit:
@@ -303,6 +323,7 @@ class _Session:
                         end += 1
                     stream.messages -= end - start
                     stream.bytes -= spent
+                    stream.delivered += end - start
                     self._send(Delivered(number, [_wire_delivered(m) for m in batch[start:end]]))
                     start = end
         except asyncio.CancelledError:
@@ -310,7 +331,7 @@ class _Session:
             raise
         except Exception as exc:
             if not isinstance(exc, WALError):
-                _log.exception("stream %d of %s failed", number, self._peer)
+                _log.exception("stream %d of %s failed", number, self.peer)
             code, text = error_code(exc), str(exc)
         await scanner.aclose()
         if self._streams.pop(number, None) is not None:
@@ -353,16 +374,27 @@ class NodeServer:
         self._wals: dict[str, LocalWAL] = {}
         self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
         self._server: asyncio.Server | None = None
+        self._address = ("", 0)
         self._sessions: set[asyncio.Task[None]] = set()
+        self._live: set[_Session] = set()  # the connections past their handshake
+        self._connections = 0
         #: Peers disconnected for breaking the protocol (for tests and monitoring).
         self.refused_peers = 0
+        #: True once the node drains (``GoingAway`` sent to every client).
+        self.draining = False
+        #: When the node started listening (Unix time).
+        self.started_at = time.time()
+        self._started = time.monotonic()
 
     @property
     def address(self) -> tuple[str, int]:
         """The host and port the node listens on."""
-        assert self._server is not None
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return str(host), int(port)
+        return self._address
+
+    async def status(self) -> NodeStatus:
+        """The node's status now: the node, each pchannel, each connection and its
+        streams (see ``NodeStatus``; also what ``walsvc status`` shows)."""
+        return await node_status(self)
 
     @property
     def node_url(self) -> str:
@@ -398,6 +430,9 @@ class NodeServer:
             ssl=self._tls,
             ssl_handshake_timeout=_HANDSHAKE_TIMEOUT if self._tls is not None else None,
         )
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self._address = (str(host), int(port))
+        self.started_at, self._started = time.time(), time.monotonic()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -413,7 +448,7 @@ class NodeServer:
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        peer = str(writer.get_extra_info("peername"))
+        peer = host_port(writer.get_extra_info("peername"))
         try:
             async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
                 hello = _decode(await read_frame(reader))
@@ -435,7 +470,9 @@ class NodeServer:
         version = negotiate((hello[0].min_version, hello[0].max_version))
         assert version is not None
         frames.send(_encode(Welcome(version, *NODE_VERSIONS, "walsvc-python")))
-        session = _Session(self, frames, peer)
+        self._connections += 1
+        session = _Session(self, frames, peer, self._connections)
+        self._live.add(session)
         try:
             while not frames.closed:
                 for message in _decode(await read_frame(reader)):
@@ -445,6 +482,7 @@ class NodeServer:
         except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._refuse_peer(peer, exc)
         finally:
+            self._live.discard(session)
             await session.aclose()
             await frames.aclose(flush_timeout=1.0)
 
