@@ -118,6 +118,7 @@ async def test_the_status_shows_the_node_its_pchannels_connections_and_streams(
         assert node == f"walsvc://{status.listen}"
         assert not status.draining
         assert status.uptime >= 0
+        assert status.limits == walsvc.NodeLimits()
         (channel,) = [p for p in status.pchannels if p.pchannel == pchannel]
         assert channel.term == wal.term
         assert channel.last_timetick >= results[-1].timetick
@@ -195,7 +196,7 @@ def test_walsvc_status_prints_tables_or_json(
     monkeypatch.setenv("WALSVC_TOKEN", TOKEN)
     assert main(["status", node]) == 0
     out = capsys.readouterr().out
-    for heading in ("serving  memory://status-", "pchannels", "connections", "streams", "PEER"):
+    for heading in ("serving  memory://status-", "limits   queue 64.0 MiB", "streams", "PEER"):
         assert heading in out
     assert json.loads(json.dumps(msgspec.to_builtins(status)))["url"] == status.url
     monkeypatch.setenv("WALSVC_TOKEN", "wrong")

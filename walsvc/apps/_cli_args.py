@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import math
 import os
 from collections.abc import Callable
 
-__all__ = ("UsageError", "bearer_token", "event_loop", "int_at_least")
+__all__ = ("UsageError", "bearer_token", "event_loop", "int_at_least", "seconds")
 
 
 class UsageError(Exception):
@@ -29,6 +30,17 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return value
 
 
 def event_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:

@@ -2,7 +2,8 @@
 
 Prints one line, ``walsvc node serving URL at walsvc://HOST:PORT``, once it listens (a
 supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C.
-``--sync`` is the file backend's sync mode; ``--tls-cert``/``--tls-key`` serve over TLS
+``--sync`` is the file backend's sync mode; the limits of ``walsvc.NodeLimits`` (timeouts,
+bytes queued for a peer) have flags of their own; ``--tls-cert``/``--tls-key`` serve over TLS
 (``--tls-client-ca`` demands client certificates); the bearer token comes from the first line
 of ``--token-file`` or else the environment variable ``WALSVC_TOKEN`` (never the command
 line, where ``ps`` would show it).
@@ -19,9 +20,10 @@ import sys
 from typing import Any
 
 from walsvc.core._errors import WALError
+from walsvc.remote._node_status import NodeLimits
 from walsvc.service._server import serve
 
-from ._cli_args import UsageError, bearer_token, event_loop
+from ._cli_args import UsageError, bearer_token, event_loop, int_at_least, seconds
 
 __all__ = ("add_serve_parser", "run_serve_command")
 
@@ -57,6 +59,57 @@ def add_serve_parser(commands: Any) -> None:
         default=None,
         help="file:// backends: when appends reach the disk",
     )
+    limits = parser.add_argument_group("limits on each peer (a peer over one is cut off)")
+    default = NodeLimits()
+    limits.add_argument(
+        "--send-queue-limit",
+        type=int_at_least(1),
+        default=default.send_queue_bytes,
+        metavar="BYTES",
+        help="above this many bytes queued for a peer, read no more of its requests (%(default)s)",
+    )
+    limits.add_argument(
+        "--max-in-flight",
+        type=int_at_least(1),
+        default=default.max_in_flight,
+        metavar="N",
+        help="above this many requests of a peer unanswered, read no more (%(default)s)",
+    )
+    limits.add_argument(
+        "--max-in-flight-bytes",
+        type=int_at_least(1),
+        default=default.max_in_flight_bytes,
+        metavar="BYTES",
+        help="the same for the bytes of messages they hold (%(default)s)",
+    )
+    limits.add_argument(
+        "--stall-timeout",
+        type=seconds,
+        default=default.stall_timeout,
+        metavar="S",
+        help="cut off a peer that stays above --send-queue-limit this long (%(default)s)",
+    )
+    limits.add_argument(
+        "--frame-timeout",
+        type=seconds,
+        default=default.frame_timeout,
+        metavar="S",
+        help="cut off a peer whose begun frame stays incomplete this long (%(default)s)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=seconds,
+        default=default.idle_timeout,
+        metavar="S",
+        help="cut off a peer that sends nothing this long (default: never)",
+    )
+    limits.add_argument(
+        "--handshake-timeout",
+        type=seconds,
+        default=default.handshake_timeout,
+        metavar="S",
+        help="cut off a peer that has not completed its handshake by then (%(default)s)",
+    )
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -68,7 +121,17 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with serve(args.url, args.listen, token=token, tls=_tls(args), **options) as node:
+    limits = NodeLimits(
+        handshake_timeout=args.handshake_timeout,
+        frame_timeout=args.frame_timeout,
+        idle_timeout=args.idle_timeout,
+        send_queue_bytes=args.send_queue_limit,
+        stall_timeout=args.stall_timeout,
+        max_in_flight=args.max_in_flight,
+        max_in_flight_bytes=args.max_in_flight_bytes,
+    )
+    tls = _tls(args)
+    async with serve(args.url, args.listen, token=token, tls=tls, limits=limits, **options) as node:
         print(f"walsvc node serving {args.url} at {node.node_url}", flush=True)
         await stop.wait()
 

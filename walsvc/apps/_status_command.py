@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from walsvc.core._errors import BackendUnavailable, WALError
-from walsvc.remote._node_status import NodeStatus
+from walsvc.remote._node_status import NodeLimits, NodeStatus
 from walsvc.remote._status import fetch_status
 
 from ._cli_args import UsageError, bearer_token, event_loop
@@ -125,6 +125,16 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m {seconds}s" if minutes else f"{seconds}s"
 
 
+def _limits(limits: NodeLimits) -> str:
+    idle = "never" if limits.idle_timeout is None else f"{limits.idle_timeout:g} s"
+    return (
+        f"queue {_size(limits.send_queue_bytes)} per peer, stall {limits.stall_timeout:g} s,"
+        f" in flight {limits.max_in_flight} / {_size(limits.max_in_flight_bytes)},"
+        f" frame {limits.frame_timeout:g} s, idle {idle},"
+        f" handshake {limits.handshake_timeout:g} s"
+    )
+
+
 def format_status(status: NodeStatus) -> str:
     """``status`` as the tables ``walsvc status`` prints."""
     started = datetime.datetime.fromtimestamp(status.started_at, datetime.UTC)
@@ -135,6 +145,7 @@ def format_status(status: NodeStatus) -> str:
         f"up       {_duration(status.uptime)} (since {started:%Y-%m-%d %H:%M:%S} UTC);"
         f" {'DRAINING' if status.draining else 'not draining'};"
         f" {status.refused_peers} peers refused",
+        f"limits   {_limits(status.limits)}",
         "",
         "pchannels",
     ]
@@ -148,7 +159,7 @@ def format_status(status: NodeStatus) -> str:
     now = status.started_at + status.uptime
     lines += ["", "connections"]
     lines += _table(
-        ("CONN", "PEER", "CONNECTED", "HANDLES", "IN FLIGHT", "QUEUED", "STREAMS"),
+        ("CONN", "PEER", "CONNECTED", "HANDLES", "IN FLIGHT", "QUEUED", "READING", "STREAMS"),
         [
             (
                 c.connection,
@@ -157,6 +168,7 @@ def format_status(status: NodeStatus) -> str:
                 ",".join(f"{h.pchannel}{' (ro)' if h.read_only else ''}" for h in c.handles) or "-",
                 c.in_flight,
                 _size(c.queued_bytes),
+                "paused" if c.reading_paused else "yes",
                 len(c.streams),
             )
             for c in status.connections
@@ -174,7 +186,7 @@ def format_status(status: NodeStatus) -> str:
                 s.filter,
                 s.delivered,
                 f"{s.credit_messages} msgs / {_size(s.credit_bytes)}",
-                "credit" if s.waiting_for_credit else "-",
+                "credit" if s.waiting_for_credit else "send" if s.waiting_for_send else "-",
             )
             for c in status.connections
             for s in c.streams

@@ -13,7 +13,7 @@ or deliveries at once: a connection's writer drains everything queued into one f
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
@@ -47,6 +47,7 @@ from ._node_status import NodeStatus
 
 __all__ = (
     "FRAME_HEADER",
+    "MAX_CREDIT",
     "MAX_FRAME_BYTES",
     "NODE_VERSIONS",
     "PRODUCER_KEY_PREFIX",
@@ -57,6 +58,7 @@ __all__ = (
     "CloseStream",
     "CloseWal",
     "Credit",
+    "CreditAmount",
     "Delivered",
     "Done",
     "ErrorCode",
@@ -96,6 +98,11 @@ FRAME_HEADER: Final = struct.Struct(">I")
 #: The largest frame body either side accepts: 16 MiB of messages plus 64 KiB of
 #: overhead. A longer prefix ends the connection (that peer's alone).
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024 + 64 * 1024
+#: The most credit a stream may be granted or hold, in messages and in bytes (u32): a
+#: peer that grants more, or a negative amount, breaks the protocol.
+MAX_CREDIT: Final = 2**32 - 1
+#: A credit field: its decoding refuses what MAX_CREDIT does not allow.
+CreditAmount = Annotated[int, msgspec.Meta(ge=0, le=MAX_CREDIT)]
 
 
 class ErrorCode:
@@ -288,16 +295,16 @@ class Read(msgspec.Struct, array_like=True, frozen=True, tag=6):
     timeticks: bool
     raw: bool
     txn_buffer_bytes: int
-    credit_messages: int
-    credit_bytes: int
+    credit_messages: CreditAmount
+    credit_bytes: CreditAmount
 
 
 class Credit(msgspec.Struct, array_like=True, frozen=True, tag=7):
     """Grant the stream more credit (messages and payload bytes the client consumed)."""
 
     stream: int
-    messages: int
-    bytes: int
+    messages: CreditAmount
+    bytes: CreditAmount
 
 
 class CloseStream(msgspec.Struct, array_like=True, frozen=True, tag=8):

@@ -6,8 +6,9 @@ all its clients. A connection is a session: the handshake first (versions, token
 then requests answered in any order (each append runs as its own task, so concurrent
 appends coalesce in the WAL) and streams fed from the WAL's scanners (the WAL filters
 by header; the tail cache serves tailing readers) within each stream's credit. A peer
-that breaks the protocol (garbage, a length prefix above the limit) is disconnected
-alone, with one log line. ``Status`` is answered from ``_status``.
+that breaks the protocol (garbage, a length prefix above the limit) or the node's limits
+(``_limits``: it does not read, it trickles) is disconnected alone, with one log line.
+``Status`` is answered from ``_status``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,19 @@ from typing import Any, Final, final
 import msgspec
 
 from walsvc.core._deliver import DeliverPolicy
-from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALReadOnly
+from walsvc.core._errors import (
+    CorruptRecord,
+    InvalidArgument,
+    WALClosed,
+    WALError,
+    WALReadOnly,
+)
 from walsvc.core._filter import Filter
 from walsvc.core._ids import unmarshal_message_id
 from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
 from walsvc.core._timetick import HybridClock
 from walsvc.remote._frames import FrameWriter, read_frame
-from walsvc.remote._node_status import NodeStatus
+from walsvc.remote._node_status import NodeLimits, NodeStatus
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
     PRODUCER_KEY_PREFIX,
@@ -68,6 +75,7 @@ from walsvc.remote._protocol import (
 from walsvc.wal._open import open_wal
 from walsvc.wal._wal import LocalWAL
 
+from ._limits import STATUS_CHARGE, Requests, Watchdog, check_credit, keep_alive
 from ._status import host_port, node_status
 
 __all__ = ("NodeServer", "serve")
@@ -75,8 +83,6 @@ __all__ = ("NodeServer", "serve")
 _log: Final = logging.getLogger("walsvc.service")
 _encode: Final = msgspec.msgpack.Encoder().encode
 _decode: Final = msgspec.msgpack.Decoder(list[ClientMessage]).decode
-#: A client must complete the handshake within this many seconds.
-_HANDSHAKE_TIMEOUT: Final = 10.0
 #: Largest payload bytes in one ``Delivered`` message (a frame holds several).
 _DELIVERY_BYTES: Final = 1024 * 1024
 _TYPES: Final = {int(t): t for t in MessageType}
@@ -135,7 +141,16 @@ def _message(wire: WireMessage) -> Message:
 class _Stream:
     """One client stream: its scanner's pump and its credit."""
 
-    __slots__ = ("bytes", "credit", "delivered", "messages", "read", "task", "waiting_for_credit")
+    __slots__ = (
+        "bytes",
+        "credit",
+        "delivered",
+        "messages",
+        "read",
+        "task",
+        "waiting_for_credit",
+        "waiting_for_send",
+    )
 
     def __init__(self, read: Read) -> None:
         self.read = read
@@ -144,7 +159,7 @@ class _Stream:
         self.credit = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.delivered = 0  # messages sent
-        self.waiting_for_credit = False
+        self.waiting_for_credit = self.waiting_for_send = False
 
 
 @final
@@ -157,18 +172,17 @@ class _Session:
         self.peer = peer
         self.number = number
         self.connected_at = time.time()
+        self.watchdog: Watchdog | None = None
         self._handles: dict[int, tuple[LocalWAL, bool]] = {}
         self._next_handle = 1
         self._streams: dict[int, _Stream] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Requests(node.limits)
 
     def _send(self, item: msgspec.Struct) -> None:
         self._writer.send(_encode(item))
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, coroutine: Any, charge: int = 64) -> None:
+        self._tasks.add(asyncio.get_running_loop().create_task(coroutine), charge)
 
     def _fail(self, request: int, error: BaseException) -> None:
         if not isinstance(error, WALError):
@@ -177,15 +191,17 @@ class _Session:
 
     def handle(self, message: ClientMessage) -> None:
         if isinstance(message, Append):
-            self._spawn(self._append(message))
+            self._spawn(self._append(message), 64 + len(message.message.payload))
         elif isinstance(message, Credit):
             stream = self._streams.get(message.stream)
             if stream is not None:
                 stream.messages += message.messages
                 stream.bytes += message.bytes
+                check_credit(stream.messages, stream.bytes)
                 stream.credit.set()
         elif isinstance(message, AppendMany):
-            self._spawn(self._append_many(message))
+            charge = sum(64 + len(m.payload) for m in message.messages)
+            self._spawn(self._append_many(message), charge)
         elif isinstance(message, Read):
             self._read(message)
         elif isinstance(message, CloseStream):
@@ -203,7 +219,7 @@ class _Session:
                     self._close_stream(number)
             self._send(Done(message.request))
         elif isinstance(message, Status):
-            self._spawn(self._status(message))
+            self._spawn(self._status(message), STATUS_CHARGE)
         else:
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
 
@@ -316,6 +332,13 @@ class _Session:
                         stream.waiting_for_credit = True
                         await stream.credit.wait()
                     stream.waiting_for_credit = False
+                    writer = self._writer
+                    if not writer.writable:  # the peer reads too little: bounded queue
+                        stream.waiting_for_send = True
+                        await writer.wait_writable()
+                        stream.waiting_for_send = False
+                        if writer.closed:
+                            raise WALClosed("the connection closed")
                     end, spent = start, 0
                     limit = min(stream.bytes, _DELIVERY_BYTES)
                     while end < len(batch) and end - start < stream.messages and spent < limit:
@@ -365,8 +388,11 @@ class NodeServer:
         token: str | None,
         wal_options: dict[str, Any],
         tls: ssl.SSLContext | None = None,
+        limits: NodeLimits | None = None,
     ) -> None:
         self.url = url
+        #: What the node allows each peer (timeouts, bytes queued).
+        self.limits = NodeLimits() if limits is None else limits
         self._token = token
         self._tls = tls
         # One timetick authority for all the node's pchannels (as open_node has).
@@ -428,7 +454,7 @@ class NodeServer:
             host,
             port,
             ssl=self._tls,
-            ssl_handshake_timeout=_HANDSHAKE_TIMEOUT if self._tls is not None else None,
+            ssl_handshake_timeout=self.limits.handshake_timeout if self._tls is not None else None,
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         self._address = (str(host), int(port))
@@ -449,12 +475,18 @@ class NodeServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         peer = host_port(writer.get_extra_info("peername"))
+        keep_alive(writer.get_extra_info("socket"))
+        limits = self.limits
         try:
-            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
+            async with asyncio.timeout(limits.handshake_timeout):
                 hello = _decode(await read_frame(reader))
             if len(hello) != 1 or not isinstance(hello[0], Hello):
                 raise CorruptRecord("the first frame must be one Hello")
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        except TimeoutError:
+            self._refuse_peer(peer, f"no Hello within {limits.handshake_timeout:g} s")
+            writer.transport.abort()
+            return
+        except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
             return
         except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -462,7 +494,7 @@ class NodeServer:
             writer.close()
             return
         refusal = self._check_hello(hello[0])
-        frames = FrameWriter(writer)
+        frames = FrameWriter(writer, high_water=limits.send_queue_bytes)
         if refusal is not None:
             frames.send(_encode(refusal))
             await frames.aclose()
@@ -473,20 +505,24 @@ class NodeServer:
         self._connections += 1
         session = _Session(self, frames, peer, self._connections)
         self._live.add(session)
+        watchdog = session.watchdog = Watchdog(
+            limits, frames, session._tasks, lambda reason: self._refuse_peer(peer, reason)
+        )
         try:
             while not frames.closed:
-                for message in _decode(await read_frame(reader)):
+                for message in _decode(await watchdog.read_frame(reader)):
                     session.handle(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._refuse_peer(peer, exc)
         finally:
+            watchdog.close()
             self._live.discard(session)
             await session.aclose()
             await frames.aclose(flush_timeout=1.0)
 
-    def _refuse_peer(self, peer: str, error: Exception) -> None:
+    def _refuse_peer(self, peer: str, error: object) -> None:
         self.refused_peers += 1
         _log.warning("disconnected %s: %s", peer, error)
 
@@ -527,6 +563,7 @@ async def serve(
     *,
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
+    limits: NodeLimits | None = None,
     **wal_options: Any,
 ) -> AsyncIterator[NodeServer]:
     """Serve the pchannels of the log at ``url`` (any backend URL) on ``listen``
@@ -539,11 +576,13 @@ async def serve(
     (``open_wal(..., token=...)``). ``tls``: a server-side ``ssl.SSLContext`` (its
     certificate chain loaded; ``verify_mode = CERT_REQUIRED`` with a CA loaded to demand
     client certificates): every connection then starts with a TLS handshake, and a
-    client that does not speak TLS is disconnected by it."""
+    client that does not speak TLS is disconnected by it. ``limits``: what the node
+    allows each peer (``NodeLimits``: timeouts, bytes queued for a peer that reads too
+    little)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise InvalidArgument(f"listen must be host:port, not {listen!r}")
-    node = NodeServer(url, token=token, wal_options=dict(wal_options), tls=tls)
+    node = NodeServer(url, token=token, wal_options=dict(wal_options), tls=tls, limits=limits)
     await node.start(host.strip("[]") or "127.0.0.1", int(port))
     try:
         yield node

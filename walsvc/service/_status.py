@@ -106,6 +106,7 @@ def _connection(session: _Session) -> ConnectionStatus:
                 credit_messages=stream.messages,
                 credit_bytes=stream.bytes,
                 waiting_for_credit=stream.waiting_for_credit,
+                waiting_for_send=stream.waiting_for_send,
             )
         )
     return ConnectionStatus(
@@ -118,6 +119,7 @@ def _connection(session: _Session) -> ConnectionStatus:
         ],
         in_flight=len(session._tasks),
         queued_bytes=session._writer.queued_bytes,
+        reading_paused=session.watchdog is not None and not session.watchdog.reading,
         streams=streams,
     )
 
@@ -138,6 +140,7 @@ async def node_status(node: NodeServer) -> NodeStatus:
         uptime=time.monotonic() - node._started,
         draining=node.draining,
         refused_peers=node.refused_peers,
+        limits=node.limits,
         pchannels=[
             PchannelStatus(
                 pchannel=name,
