@@ -1,7 +1,10 @@
 """``walsvc serve``: run a node that serves the pchannels of one log over the network.
 
 Prints one line, ``walsvc node serving URL at walsvc://HOST:PORT``, once it listens (a
-supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C.
+supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C
+(SIGINT). Then it drains (``NodeServer.drain``: ``GoingAway`` to every client, every
+request received answered, streams ended, WALs closed) for at most ``--drain-timeout``
+seconds and exits 0; a second signal cuts the drain short.
 ``--sync`` is the file backend's sync mode; the limits of ``walsvc.NodeLimits`` (timeouts,
 bytes queued for a peer) have flags of their own; ``--tls-cert``/``--tls-key`` serve over TLS
 (``--tls-client-ca`` demands client certificates); the bearer token comes from the first line
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import ssl
@@ -58,6 +62,13 @@ def add_serve_parser(commands: Any) -> None:
         choices=("always", "none"),
         default=None,
         help="file:// backends: when appends reach the disk",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=seconds,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT, finish what clients asked within this time (%(default)s)",
     )
     limits = parser.add_argument_group("limits on each peer (a peer over one is cut off)")
     default = NodeLimits()
@@ -117,10 +128,6 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.sync is not None:
         options["sync"] = args.sync
     token = bearer_token(args.token_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     limits = NodeLimits(
         handshake_timeout=args.handshake_timeout,
         frame_timeout=args.frame_timeout,
@@ -131,9 +138,24 @@ async def _serve(args: argparse.Namespace) -> None:
         max_in_flight_bytes=args.max_in_flight_bytes,
     )
     tls = _tls(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     async with serve(args.url, args.listen, token=token, tls=tls, limits=limits, **options) as node:
         print(f"walsvc node serving {args.url} at {node.node_url}", flush=True)
         await stop.wait()
+        stop.clear()
+        print(f"walsvc node draining (at most {args.drain_timeout:g} s)", flush=True)
+        draining = asyncio.create_task(node.drain(args.drain_timeout))
+        again = asyncio.create_task(stop.wait())  # a second signal: stop at once
+        await asyncio.wait((draining, again), return_when=asyncio.FIRST_COMPLETED)
+        again.cancel()
+        draining.cancel()  # if it is still running
+        await asyncio.gather(again, return_exceptions=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await draining
+    print("walsvc node stopped", flush=True)
 
 
 def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:

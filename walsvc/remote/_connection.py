@@ -44,6 +44,7 @@ from ._protocol import (
     Delivered,
     ErrorCode,
     Failed,
+    GoingAway,
     Hello,
     NodeMessage,
     Ping,
@@ -212,6 +213,7 @@ class Connection:
         "_streams",
         "_tasks",
         "_waiting_room",
+        "going_away",
         "received_bytes",
         "reconnects",
         "version",
@@ -242,6 +244,9 @@ class Connection:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Frame bytes received from the node (length prefixes included).
         self.received_bytes = 0
+        #: The reason the node of the current socket gave for going away (``GoingAway``:
+        #: it will close the socket soon); None until it does.
+        self.going_away: str | None = None
         #: Sockets that replaced a lost one.
         self.reconnects = 0
         self._heard = asyncio.get_running_loop().time()
@@ -371,6 +376,7 @@ class Connection:
 
     def _install(self, socket: _Socket) -> None:
         self._socket = socket
+        self.going_away = None
         self._heard = asyncio.get_running_loop().time()
         self._spawn(self._read(socket))
 
@@ -519,6 +525,8 @@ class Connection:
             pass  # hearing it was the point
         elif isinstance(message, Welcome | Refused):
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
+        elif isinstance(message, GoingAway):
+            self.going_away = message.reason
         else:
             pending = self._answered(message.request)
             if pending is None or pending.future.done():

@@ -32,11 +32,12 @@ class NodeLimits(msgspec.Struct, frozen=True, kw_only=True):
     ``handshake_timeout``: a connection must complete its handshake (TLS included)
     within it. ``frame_timeout``: a frame whose length prefix arrived must complete
     within it (a peer trickling a frame is cut off). ``idle_timeout``: a peer that sends
-    no frame for that long is cut off (None, the default: never; a protocol-1 client
-    sends nothing while it only waits for messages). ``send_queue_bytes``: above this
-    many bytes queued for a peer, the node stops reading its requests and feeding its
-    streams until half of them went out; ``stall_timeout``: a peer that stays above it
-    that long is cut off. ``max_in_flight`` requests, or requests holding
+    no frame for that long is cut off (None, the default: never; the reference client
+    pings only when the node is silent, so one that receives a slow stream may send
+    nothing for long). ``send_queue_bytes``: above this many bytes queued for a peer,
+    the node stops reading its requests and feeding its streams until half of them went
+    out; ``stall_timeout``: a peer that stays above it that long is cut off.
+    ``max_in_flight`` requests, or requests holding
     ``max_in_flight_bytes`` of messages (payloads plus 64 bytes each; a ``Status``
     counts 1 MiB), may wait for their answers per connection; beyond either the node
     reads no more of that peer's requests until half of them were answered."""

@@ -63,6 +63,7 @@ __all__ = (
     "Done",
     "ErrorCode",
     "Failed",
+    "GoingAway",
     "Hello",
     "LatestId",
     "LatestIdIs",
@@ -446,6 +447,15 @@ class StatusIs(msgspec.Struct, array_like=True, frozen=True, tag=70):
     status: NodeStatus
 
 
+class GoingAway(msgspec.Struct, array_like=True, frozen=True, tag=71):
+    """The node is shutting down (draining): it answers the requests it received, fails
+    new ones with ``BACKEND_UNAVAILABLE``, ends the streams and closes the connection
+    within ``within_ms`` milliseconds. Not an answer to anything; sent once."""
+
+    reason: str
+    within_ms: int
+
+
 NodeMessage = (
     Welcome
     | Refused
@@ -459,4 +469,5 @@ NodeMessage = (
     | StreamStarted
     | Pong
     | StatusIs
+    | GoingAway
 )

@@ -25,13 +25,7 @@ from typing import Any, Final, final
 import msgspec
 
 from walsvc.core._deliver import DeliverPolicy
-from walsvc.core._errors import (
-    CorruptRecord,
-    InvalidArgument,
-    WALClosed,
-    WALError,
-    WALReadOnly,
-)
+from walsvc.core._errors import CorruptRecord, InvalidArgument, WALClosed, WALError, WALReadOnly
 from walsvc.core._filter import Filter
 from walsvc.core._ids import unmarshal_message_id
 from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
@@ -62,7 +56,6 @@ from walsvc.remote._protocol import (
     Read,
     Refused,
     Status,
-    StatusIs,
     StreamEnded,
     StreamStarted,
     Welcome,
@@ -75,8 +68,9 @@ from walsvc.remote._protocol import (
 from walsvc.wal._open import open_wal
 from walsvc.wal._wal import LocalWAL
 
+from ._drain import DRAINING, drain_node, draining_answer
 from ._limits import STATUS_CHARGE, Requests, Watchdog, check_credit, keep_alive
-from ._status import host_port, node_status
+from ._status import answer_status, host_port, node_status
 
 __all__ = ("NodeServer", "serve")
 
@@ -177,6 +171,7 @@ class _Session:
         self._next_handle = 1
         self._streams: dict[int, _Stream] = {}
         self._tasks = Requests(node.limits)
+        self.draining = False
 
     def _send(self, item: msgspec.Struct) -> None:
         self._writer.send(_encode(item))
@@ -190,7 +185,9 @@ class _Session:
         self._send(Failed(request, error_code(error), str(error)))
 
     def handle(self, message: ClientMessage) -> None:
-        if isinstance(message, Append):
+        if self.draining and (answer := draining_answer(message)) is not None:
+            self._send(answer)
+        elif isinstance(message, Append):
             self._spawn(self._append(message), 64 + len(message.message.payload))
         elif isinstance(message, Credit):
             stream = self._streams.get(message.stream)
@@ -219,7 +216,7 @@ class _Session:
                     self._close_stream(number)
             self._send(Done(message.request))
         elif isinstance(message, Status):
-            self._spawn(self._status(message), STATUS_CHARGE)
+            self._spawn(answer_status(self, message), STATUS_CHARGE)
         else:
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
 
@@ -271,14 +268,6 @@ class _Session:
             self._fail(request.request, exc)
             return
         self._send(LatestIdIs(request.request, None if latest is None else latest.marshal()))
-
-    async def _status(self, request: Status) -> None:
-        try:
-            status = await self._node.status()
-        except Exception as exc:
-            self._fail(request.request, exc)
-            return
-        self._send(StatusIs(request.request, status))
 
     def _read(self, request: Read) -> None:
         if request.stream in self._streams:
@@ -366,13 +355,22 @@ class _Session:
             stream.task.cancel()
         self._send(StreamEnded(number, ErrorCode.OK, ""))
 
+    async def end_streams(self, code: int | None = None, text: str = "") -> None:
+        """Stop the streams (telling the client ``StreamEnded(code, text)`` unless
+        ``code`` is None)."""
+        streams, self._streams = self._streams, {}
+        for number, stream in streams.items():
+            if stream.task is not None:
+                stream.task.cancel()
+            if code is not None:
+                self._send(StreamEnded(number, code, text))
+        await asyncio.gather(
+            *(s.task for s in streams.values() if s.task is not None), return_exceptions=True
+        )
+
     async def aclose(self) -> None:
         """Stop the streams; appends in flight finish (their answers go nowhere)."""
-        streams, self._streams = self._streams, {}
-        pumps = [s.task for s in streams.values() if s.task is not None]
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await self.end_streams()
         self._handles.clear()
 
 
@@ -408,6 +406,7 @@ class NodeServer:
         self.refused_peers = 0
         #: True once the node drains (``GoingAway`` sent to every client).
         self.draining = False
+        self._drained: asyncio.Task[None] | None = None
         #: When the node started listening (Unix time).
         self.started_at = time.time()
         self._started = time.monotonic()
@@ -418,8 +417,7 @@ class NodeServer:
         return self._address
 
     async def status(self) -> NodeStatus:
-        """The node's status now: the node, each pchannel, each connection and its
-        streams (see ``NodeStatus``; also what ``walsvc status`` shows)."""
+        """The node's status now (a ``NodeStatus``: what ``walsvc status`` shows)."""
         return await node_status(self)
 
     @property
@@ -528,6 +526,8 @@ class NodeServer:
 
     def _check_hello(self, hello: Hello) -> Refused | None:
         low, high = NODE_VERSIONS
+        if self.draining:
+            return Refused(ErrorCode.BACKEND_UNAVAILABLE, DRAINING, low, high)
         if negotiate((hello.min_version, hello.max_version)) is None:
             return Refused(
                 ErrorCode.UNSUPPORTED_VERSION,
@@ -541,8 +541,17 @@ class NodeServer:
             return Refused(ErrorCode.UNAUTHENTICATED, "bad or missing token", low, high)
         return None
 
+    async def drain(self, timeout: float = 30.0, reason: str = "node is shutting down") -> None:  # noqa: ASYNC109 (a grace period, not the caller's deadline)
+        """Stop within ``timeout`` seconds without dropping an answer owed: no new
+        connections, ``GoingAway(reason)`` to every client, the requests received are
+        answered (new ones fail), streams end, then ``aclose`` (see ``_drain``)."""
+        if self._drained is None:
+            self._drained = asyncio.create_task(drain_node(self, timeout, reason))
+        await asyncio.shield(self._drained)
+
     async def aclose(self) -> None:
-        """Stop listening, end every connection and close every WAL."""
+        """Stop listening, end every connection and close every WAL (at once: ``drain``
+        is the graceful way)."""
         if self._server is not None:
             self._server.close()
         sessions = list(self._sessions)

@@ -24,13 +24,13 @@ from walsvc.remote._node_status import (
     PchannelStatus,
     StreamStatus,
 )
-from walsvc.remote._protocol import NODE_VERSIONS, Read
+from walsvc.remote._protocol import NODE_VERSIONS, Read, Status, StatusIs
 from walsvc.wal._wal import LocalWAL
 
 if TYPE_CHECKING:
     from ._server import NodeServer, _Session
 
-__all__ = ("filter_summary", "host_port", "masked_url", "node_status")
+__all__ = ("answer_status", "filter_summary", "host_port", "masked_url", "node_status")
 
 #: How long a status waits for a backend's latest message id.
 _LATEST_ID_TIMEOUT: Final = 2.0
@@ -153,3 +153,13 @@ async def node_status(node: NodeServer) -> NodeStatus:
         ],
         connections=[_connection(session) for session in sessions],
     )
+
+
+async def answer_status(session: _Session, request: Status) -> None:
+    """Answer ``request``, a ``Status`` of ``session``'s client."""
+    try:
+        status = await node_status(session._node)
+    except Exception as exc:
+        session._fail(request.request, exc)
+        return
+    session._send(StatusIs(request.request, status))
