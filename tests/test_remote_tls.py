@@ -1,9 +1,10 @@
 """TLS between walsvc:// clients and a node (``walsvc serve --tls-cert/--tls-key``, and
-``--tls-client-ca`` for client certificates): a node in a subprocess, certificates made
-by the ``openssl`` command for a throwaway CA."""
+``--tls-client-ca`` for client certificates; ``walsvc status --tls-ca``): a node in a
+subprocess, certificates made by the ``openssl`` command for a throwaway CA."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import ssl
 import subprocess
@@ -17,6 +18,7 @@ from _node_process import node_process
 
 import walsvc
 from walsvc import DeliverPolicy, Message
+from walsvc.apps._cli import main
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -113,3 +115,15 @@ def test_tls_flags_are_checked(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "--tls-key and --tls-client-ca need --tls-cert" in done.stderr
+
+
+def test_walsvc_status_speaks_tls(
+    tls_node: str, certs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = ("--tls-cert", str(certs / "client.crt"), "--tls-key", str(certs / "client.key"))
+    assert main(["status", tls_node, "--json", "--tls-ca", str(certs / "ca.crt"), *client]) == 0
+    assert f"walsvc://{json.loads(capsys.readouterr().out)['listen']}" == tls_node
+    assert main(["status", tls_node, "--timeout", "5"]) == 2
+    assert "does it require TLS" in capsys.readouterr().err
+    assert main(["status", tls_node, "--tls-key", "k"]) == 2
+    assert "--tls-key needs --tls-cert" in capsys.readouterr().err

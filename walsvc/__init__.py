@@ -60,8 +60,10 @@ if TYPE_CHECKING:
         TxnError,
         TxnExpired,
         TxnNotActive,
+        Unauthenticated,
         UnknownBackend,
         UnknownTxn,
+        UnsupportedVersion,
         WALClosed,
         WALError,
         WALFenced,
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
     from walsvc.core._timetick import HybridClock, TimetickAllocator
     from walsvc.node._node import Node, open_node
     from walsvc.node._routing import Routing, balanced_pins
+    from walsvc.remote._node_status import NodeLimits, NodeStatus
     from walsvc.remote._open import open_wal
     from walsvc.service._server import serve
     from walsvc.wal._api import WAL
@@ -155,8 +158,10 @@ _EXPORTS: Final = (
             "TxnError",
             "TxnExpired",
             "TxnNotActive",
+            "Unauthenticated",
             "UnknownBackend",
             "UnknownTxn",
+            "UnsupportedVersion",
             "WALClosed",
             "WALError",
             "WALFenced",
@@ -209,6 +214,13 @@ _EXPORTS: Final = (
         ),
     ),
     ("walsvc.core._api", ("Scanner",)),
+    (
+        "walsvc.remote._node_status",
+        (
+            "NodeLimits",
+            "NodeStatus",
+        ),
+    ),
     ("walsvc.remote._open", ("open_wal",)),
     ("walsvc.service._server", ("serve",)),
     ("walsvc.wal._api", ("WAL",)),
@@ -253,6 +265,8 @@ __all__ = (
     "MessageTooLarge",
     "MessageType",
     "Node",
+    "NodeLimits",
+    "NodeStatus",
     "PassesPlainMessages",
     "PlainAdmission",
     "ReadyInterceptor",
@@ -272,8 +286,10 @@ __all__ = (
     "TxnKeyWindow",
     "TxnNotActive",
     "TxnState",
+    "Unauthenticated",
     "UnknownBackend",
     "UnknownTxn",
+    "UnsupportedVersion",
     "WALClosed",
     "WALError",
     "WALFenced",

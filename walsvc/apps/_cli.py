@@ -9,7 +9,9 @@ Exit status: 0 when everything verified, 1 when a check failed, 2 for bad usage 
 ``walsvc.WALError`` (printed as ``error: <message>``, without a traceback), 130 on Ctrl-C.
 
 ``walsvc flush`` runs the flush job WAL -> Parquet on Spark (see ``_flush_command``);
-``walsvc check`` verifies and repairs a local log (see ``_check_command``).
+``walsvc check`` verifies and repairs a local log (see ``_check_command``); ``walsvc
+serve`` runs a node and ``walsvc status`` shows what one does (``_serve_command``,
+``_status_command``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ._check_command import add_check_parser, run_check_command
 from ._cli_args import UsageError, event_loop, int_at_least
 from ._flush_command import add_flush_parser, run_flush_command
 from ._serve_command import add_serve_parser, run_serve_command
+from ._status_command import add_status_parser, run_status_command
 
 __all__ = ("main",)
 
@@ -98,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_check_command(args)
     if args.command == "serve":
         return run_serve_command(args)
+    if args.command == "status":
+        return run_status_command(args)
     options = _DemoOptions(
         url=args.url,
         pchannel=args.pchannel,
@@ -173,6 +178,7 @@ def _parser() -> argparse.ArgumentParser:
     add_flush_parser(commands)
     add_check_parser(commands)
     add_serve_parser(commands)
+    add_status_parser(commands)
     return parser
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import math
+import os
 from collections.abc import Callable
 
-__all__ = ("UsageError", "event_loop", "int_at_least")
+__all__ = ("UsageError", "bearer_token", "event_loop", "int_at_least", "seconds")
 
 
 class UsageError(Exception):
@@ -30,6 +32,17 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return value
+
+
 def event_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
     """uvloop when it is installed (the ``uvloop`` extra), else the stock asyncio loop."""
     try:
@@ -37,3 +50,20 @@ def event_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
     except ImportError:
         return asyncio.new_event_loop, "asyncio"
     return uvloop.new_event_loop, f"uvloop {importlib.metadata.version('uvloop')}"
+
+
+def bearer_token(token_file: str | None) -> str | None:
+    """The bearer token of a node or its client: the first line of ``token_file`` when
+    given (a secret in a file, readable only by its owner, stays out of the
+    environment), else the environment variable ``WALSVC_TOKEN``; None when neither
+    sets one. Never from the command line, where ``ps`` would show it."""
+    if token_file is None:
+        return os.environ.get("WALSVC_TOKEN") or None
+    try:
+        with open(token_file, encoding="utf-8") as file:
+            token = file.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--token-file: cannot read {token_file}: {exc}") from exc
+    if not token:
+        raise UsageError(f"--token-file: {token_file} holds no token (its first line is empty)")
+    return token

@@ -1,27 +1,33 @@
 """``walsvc serve``: run a node that serves the pchannels of one log over the network.
 
 Prints one line, ``walsvc node serving URL at walsvc://HOST:PORT``, once it listens (a
-supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C.
-``--sync`` is the file backend's sync mode; ``--tls-cert``/``--tls-key`` serve over TLS
-(``--tls-client-ca`` demands client certificates); the bearer token comes from the environment
-variable ``WALSVC_TOKEN`` (never the command line, where ``ps`` would show it).
+supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C
+(SIGINT). Then it drains (``NodeServer.drain``: ``GoingAway`` to every client, every
+request received answered, streams ended, WALs closed) for at most ``--drain-timeout``
+seconds and exits 0; a second signal cuts the drain short.
+``--sync`` is the file backend's sync mode; the limits of ``walsvc.NodeLimits`` (timeouts,
+bytes queued for a peer) have flags of their own; ``--tls-cert``/``--tls-key`` serve over TLS
+(``--tls-client-ca`` demands client certificates); the bearer token comes from the first line
+of ``--token-file`` or else the environment variable ``WALSVC_TOKEN`` (never the command
+line, where ``ps`` would show it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
-import os
 import signal
 import ssl
 import sys
 from typing import Any
 
 from walsvc.core._errors import WALError
+from walsvc.remote._node_status import NodeLimits
 from walsvc.service._server import serve
 
-from ._cli_args import UsageError, event_loop
+from ._cli_args import UsageError, bearer_token, event_loop, int_at_least, seconds
 
 __all__ = ("add_serve_parser", "run_serve_command")
 
@@ -34,12 +40,16 @@ def add_serve_parser(commands: Any) -> None:
         description=(
             "Serve the pchannels of the log at --url to walsvc:// clients on --listen."
             " The node is each pchannel's single writer. Clients must present the token"
-            " in WALSVC_TOKEN when it is set."
+            " of --token-file, or else of WALSVC_TOKEN, when one is set."
         ),
     )
     parser.add_argument("--url", required=True, help="the log, e.g. file:///data/wal")
     parser.add_argument(
         "--listen", default="127.0.0.1:7070", help="host:port (port 0: any free port)"
+    )
+    parser.add_argument(
+        "--token-file",
+        help="clients must present the token on this file's first line (default: WALSVC_TOKEN)",
     )
     parser.add_argument("--tls-cert", help="serve over TLS: the node's certificate chain (PEM)")
     parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
@@ -53,20 +63,99 @@ def add_serve_parser(commands: Any) -> None:
         default=None,
         help="file:// backends: when appends reach the disk",
     )
+    parser.add_argument(
+        "--drain-timeout",
+        type=seconds,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT, finish what clients asked within this time (%(default)s)",
+    )
+    limits = parser.add_argument_group("limits on each peer (a peer over one is cut off)")
+    default = NodeLimits()
+    limits.add_argument(
+        "--send-queue-limit",
+        type=int_at_least(1),
+        default=default.send_queue_bytes,
+        metavar="BYTES",
+        help="above this many bytes queued for a peer, read no more of its requests (%(default)s)",
+    )
+    limits.add_argument(
+        "--max-in-flight",
+        type=int_at_least(1),
+        default=default.max_in_flight,
+        metavar="N",
+        help="above this many requests of a peer unanswered, read no more (%(default)s)",
+    )
+    limits.add_argument(
+        "--max-in-flight-bytes",
+        type=int_at_least(1),
+        default=default.max_in_flight_bytes,
+        metavar="BYTES",
+        help="the same for the bytes of messages they hold (%(default)s)",
+    )
+    limits.add_argument(
+        "--stall-timeout",
+        type=seconds,
+        default=default.stall_timeout,
+        metavar="S",
+        help="cut off a peer that stays above --send-queue-limit this long (%(default)s)",
+    )
+    limits.add_argument(
+        "--frame-timeout",
+        type=seconds,
+        default=default.frame_timeout,
+        metavar="S",
+        help="cut off a peer whose begun frame stays incomplete this long (%(default)s)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=seconds,
+        default=default.idle_timeout,
+        metavar="S",
+        help="cut off a peer that sends nothing this long (default: never)",
+    )
+    limits.add_argument(
+        "--handshake-timeout",
+        type=seconds,
+        default=default.handshake_timeout,
+        metavar="S",
+        help="cut off a peer that has not completed its handshake by then (%(default)s)",
+    )
 
 
 async def _serve(args: argparse.Namespace) -> None:
     options: dict[str, Any] = {}
     if args.sync is not None:
         options["sync"] = args.sync
+    token = bearer_token(args.token_file)
+    limits = NodeLimits(
+        handshake_timeout=args.handshake_timeout,
+        frame_timeout=args.frame_timeout,
+        idle_timeout=args.idle_timeout,
+        send_queue_bytes=args.send_queue_limit,
+        stall_timeout=args.stall_timeout,
+        max_in_flight=args.max_in_flight,
+        max_in_flight_bytes=args.max_in_flight_bytes,
+    )
+    tls = _tls(args)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    token = os.environ.get("WALSVC_TOKEN") or None
-    async with serve(args.url, args.listen, token=token, tls=_tls(args), **options) as node:
+    async with serve(args.url, args.listen, token=token, tls=tls, limits=limits, **options) as node:
         print(f"walsvc node serving {args.url} at {node.node_url}", flush=True)
         await stop.wait()
+        stop.clear()
+        print(f"walsvc node draining (at most {args.drain_timeout:g} s)", flush=True)
+        draining = asyncio.create_task(node.drain(args.drain_timeout))
+        again = asyncio.create_task(stop.wait())  # a second signal: stop at once
+        await asyncio.wait((draining, again), return_when=asyncio.FIRST_COMPLETED)
+        again.cancel()
+        draining.cancel()  # if it is still running
+        await asyncio.gather(again, return_exceptions=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await draining
+    print("walsvc node stopped", flush=True)
 
 
 def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:

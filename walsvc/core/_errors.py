@@ -21,8 +21,10 @@ __all__ = (
     "TxnError",
     "TxnExpired",
     "TxnNotActive",
+    "Unauthenticated",
     "UnknownBackend",
     "UnknownTxn",
+    "UnsupportedVersion",
     "WALClosed",
     "WALError",
     "WALFenced",
@@ -113,6 +115,16 @@ class UnknownTxn(TxnError):
 
 class UnknownBackend(WALError):
     """No backend is registered for the URL scheme, or its optional extra is not installed."""
+
+
+class Unauthenticated(WALError):
+    """A walsvc node refused the connection: the client presented no bearer token, or
+    not the node's."""
+
+
+class UnsupportedVersion(WALError):
+    """A walsvc node and this client share no protocol version; the message names both
+    ranges."""
 
 
 class TxnBufferFull(WALError):

@@ -37,6 +37,7 @@ from walsvc.write._txn import Txn
 
 from ._connection import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT_TIMEOUT, Connection
 from ._protocol import (
+    MAX_CREDIT,
     NODE_VERSIONS,
     PRODUCER_KEY_PREFIX,
     Append,
@@ -432,8 +433,8 @@ async def open_remote_wal(
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise InvalidArgument(f"{url!r} is not a node URL (expected walsvc://host:port)")
     for name, value in (("window_messages", window_messages), ("window_bytes", window_bytes)):
-        if type(value) is not int or value < 1:
-            raise InvalidArgument(f"{name} must be an int >= 1, not {value!r}")
+        if type(value) is not int or not 1 <= value <= MAX_CREDIT:
+            raise InvalidArgument(f"{name} must be an int in 1..{MAX_CREDIT}, not {value!r}")
     for name, number in (("reconnect_timeout", reconnect_timeout), ("heartbeat", heartbeat)):
         if not isinstance(number, int | float) or not number >= 0:
             raise InvalidArgument(f"{name} must be a number of seconds >= 0, not {number!r}")

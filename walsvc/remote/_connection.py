@@ -29,6 +29,7 @@ from walsvc.core._errors import (
     BackendUnavailable,
     CorruptRecord,
     MessageTooLarge,
+    UnsupportedVersion,
     WALClosed,
     WALError,
 )
@@ -43,6 +44,7 @@ from ._protocol import (
     Delivered,
     ErrorCode,
     Failed,
+    GoingAway,
     Hello,
     NodeMessage,
     Ping,
@@ -146,8 +148,9 @@ class _Socket:
 
 async def _dial(address: NodeAddress, within: float) -> _Socket:
     """Connect and run the handshake. Raises ``BackendUnavailable`` if the node cannot
-    be reached in ``within`` seconds, ``WALError`` if it refuses (a certificate that
-    does not verify included)."""
+    be reached in ``within`` seconds (or is draining), ``Unauthenticated`` or
+    ``UnsupportedVersion`` if it refuses the token or the versions, ``WALError`` for a
+    certificate that does not verify."""
     where, tls, versions = address.url, address.tls, address.versions
     try:
         async with asyncio.timeout(within):
@@ -179,12 +182,13 @@ async def _dial(address: NodeAddress, within: float) -> _Socket:
     writer.close()
     if isinstance(first, Refused):
         if first.code == ErrorCode.UNSUPPORTED_VERSION:
-            raise WALError(
+            raise UnsupportedVersion(
                 f"the node at {where} speaks protocol versions"
                 f" {first.min_version}..{first.max_version}; this client speaks"
                 f" {versions[0]}..{versions[1]} ({first.message})"
             )
-        raise WALError(f"the node at {where} refused the connection: {first.message}")
+        # Unauthenticated for a token refused; BackendUnavailable from a draining node
+        raise error_from(first.code, f"the node at {where} refused the connection: {first.message}")
     raise CorruptRecord(f"the node at {where} answered the handshake with {answer!r}")
 
 
@@ -209,6 +213,7 @@ class Connection:
         "_streams",
         "_tasks",
         "_waiting_room",
+        "going_away",
         "received_bytes",
         "reconnects",
         "version",
@@ -239,6 +244,9 @@ class Connection:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Frame bytes received from the node (length prefixes included).
         self.received_bytes = 0
+        #: The reason the node of the current socket gave for going away (``GoingAway``:
+        #: it will close the socket soon); None until it does.
+        self.going_away: str | None = None
         #: Sockets that replaced a lost one.
         self.reconnects = 0
         self._heard = asyncio.get_running_loop().time()
@@ -261,9 +269,10 @@ class Connection:
         heartbeat: float = DEFAULT_HEARTBEAT,
     ) -> Connection:
         """Connect to the node at ``host:port`` (over TLS with ``tls``) and run the
-        handshake. Raises ``BackendUnavailable`` if it cannot be reached, ``WALError`` if
-        it refuses (a certificate that does not verify included). A lost socket is
-        redialled for ``reconnect_timeout`` seconds (0: not at all)."""
+        handshake. Raises ``BackendUnavailable`` if it cannot be reached (or is
+        draining), ``Unauthenticated`` or ``UnsupportedVersion`` if it refuses the token
+        or the versions, ``WALError`` for a certificate that does not verify. A lost
+        socket is redialled for ``reconnect_timeout`` seconds (0: not at all)."""
         address = NodeAddress(host, port, token, tls, versions, connect_timeout)
         socket = await _dial(address, connect_timeout)
         return cls(address, socket, reconnect_timeout=reconnect_timeout, heartbeat=heartbeat)
@@ -367,6 +376,7 @@ class Connection:
 
     def _install(self, socket: _Socket) -> None:
         self._socket = socket
+        self.going_away = None
         self._heard = asyncio.get_running_loop().time()
         self._spawn(self._read(socket))
 
@@ -515,6 +525,8 @@ class Connection:
             pass  # hearing it was the point
         elif isinstance(message, Welcome | Refused):
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
+        elif isinstance(message, GoingAway):
+            self.going_away = message.reason
         else:
             pending = self._answered(message.request)
             if pending is None or pending.future.done():

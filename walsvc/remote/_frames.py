@@ -3,8 +3,10 @@
 ``FrameWriter`` owns the write side of a connection: callers queue encoded messages
 (``send``), and its task drains everything queued by the time it runs into one frame
 per turn of the event loop, so concurrent requests (or answers, or deliveries) share a
-frame and a write. ``read_frame`` reads one frame body, refusing a length prefix above
-the limit before reading the body.
+frame and a write. It counts the bytes queued and not yet taken by the peer; with a
+high water it reports when they exceed it (callers then stop producing: the node stops
+reading that peer's requests) and since when. ``read_frame`` reads one frame body,
+refusing a length prefix above the limit before reading the body.
 """
 
 from __future__ import annotations
@@ -48,17 +50,39 @@ Sent = Callable[[], None]
 class FrameWriter:
     """The write side of a connection: queued messages leave in frames of as many as
     fit (``MAX_FRAME_BYTES``), one frame per loop turn. ``send`` never blocks; the caller
-    bounds what it queues (requests wait for answers; streams have credit)."""
+    bounds what it queues (requests wait for answers; streams have credit; with a
+    ``high_water``, producers wait for ``wait_writable`` while ``writable`` is false)."""
 
-    __slots__ = ("_closed", "_closing", "_error", "_queue", "_task", "_wakeup", "_writer")
+    __slots__ = (
+        "_closed",
+        "_closing",
+        "_error",
+        "_high_water",
+        "_low_water",
+        "_queue",
+        "_queued",
+        "_task",
+        "_wakeup",
+        "_writable",
+        "_writer",
+        "over_since",
+    )
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, high_water: int | None = None) -> None:
         self._writer = writer
         self._queue: deque[tuple[bytes, Sent | None]] = deque()
         self._wakeup = asyncio.Event()
         self._closed = False
         self._closing = False
         self._error: BaseException | None = None
+        self._queued = 0
+        self._high_water = high_water
+        self._low_water = -1 if high_water is None else high_water // 2
+        self._writable = asyncio.Event()
+        self._writable.set()
+        #: The loop time at which the queue last rose above the high water (None while
+        #: it is writable).
+        self.over_since: float | None = None
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     @property
@@ -66,12 +90,33 @@ class FrameWriter:
         """True once the writer stopped (closed, or the connection failed)."""
         return self._closed
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of messages queued or written and not yet taken by the peer (the frame
+        in the transport counts until the transport's buffer drained)."""
+        return self._queued
+
+    @property
+    def writable(self) -> bool:
+        """False from the moment the queued bytes exceed the high water until they fall
+        to half of it (always true without a high water, and once closed)."""
+        return self._writable.is_set()
+
+    async def wait_writable(self) -> None:
+        """Return once ``writable`` (at once if it is)."""
+        await self._writable.wait()
+
     def send(self, item: bytes, on_sent: Sent | None = None) -> None:
         """Queue one encoded message (``on_sent`` runs once it is in the transport).
         ``item`` must fit in a frame; items queued after close are dropped."""
         if self._closed:
             return
         self._queue.append((item, on_sent))
+        self._queued += len(item)
+        high = self._high_water
+        if high is not None and self._queued > high and self.over_since is None:
+            self._writable.clear()
+            self.over_since = asyncio.get_running_loop().time()
         self._wakeup.set()
 
     async def _run(self) -> None:
@@ -92,29 +137,44 @@ class FrameWriter:
                         if on_sent is not None:
                             callbacks.append(on_sent)
                     if not items:  # a caller broke the contract: drop the item, not the link
-                        queue.popleft()
+                        self._queued -= len(queue.popleft()[0])
                         continue
                     head = array_header(len(items))
                     writer.write(FRAME_HEADER.pack(size + len(head)) + head + b"".join(items))
                     for on_sent in callbacks:
                         on_sent()
                     await writer.drain()
+                    self._queued -= size
+                    if self.over_since is not None and self._queued <= self._low_water:
+                        self.over_since = None
+                        self._writable.set()
                 if self._closing:
                     return
         except (ConnectionError, OSError) as exc:
             self._error = exc
         finally:
-            self._closed = True
+            self._stopped()
             queue.clear()
 
-    def abort(self) -> None:
-        """Drop the connection at once, unsent bytes and all (a peer gone silent)."""
+    def _stopped(self) -> None:
         self._closed = True
+        self._queued = 0
+        self.over_since = None
+        self._writable.set()  # nobody waits for a writer that will never drain
+
+    def abort(self) -> None:
+        """Drop the connection at once, unsent bytes and all (a peer gone silent, or one
+        that does not read): the queue and the transport's buffer are discarded."""
+        self._stopped()
+        self._task.cancel()
         self._writer.transport.abort()
 
     async def aclose(self, flush_timeout: float = 5.0) -> None:
         """Send what is queued (for at most ``flush_timeout`` seconds, while the
-        connection lasts), then close the connection. Idempotent."""
+        connection lasts), then close the connection; a peer that does not take what
+        is left within that time is cut off (``abort``). Idempotent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + flush_timeout
         self._closing = True
         self._wakeup.set()
         try:
@@ -122,10 +182,15 @@ class FrameWriter:
                 await asyncio.wait((self._task,), timeout=flush_timeout)
         finally:
             self._task.cancel()
-            self._closed = True
+            self._stopped()
             self._writer.close()
         await asyncio.gather(self._task, return_exceptions=True)
         try:
-            await self._writer.wait_closed()
+            # close() waits for the transport's buffer to go out: a peer that reads
+            # nothing would hold the connection (and this call) forever.
+            async with asyncio.timeout_at(max(deadline, loop.time() + 0.1)):
+                await self._writer.wait_closed()
+        except TimeoutError:
+            self._writer.transport.abort()
         except (ConnectionError, OSError):
             pass

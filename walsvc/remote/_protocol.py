@@ -13,7 +13,7 @@ or deliveries at once: a connection's writer drains everything queued into one f
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
@@ -32,8 +32,10 @@ from walsvc.core._errors import (
     TxnError,
     TxnExpired,
     TxnNotActive,
+    Unauthenticated,
     UnknownBackend,
     UnknownTxn,
+    UnsupportedVersion,
     WALClosed,
     WALError,
     WALFenced,
@@ -41,8 +43,11 @@ from walsvc.core._errors import (
     WALTruncated,
 )
 
+from ._node_status import NodeStatus
+
 __all__ = (
     "FRAME_HEADER",
+    "MAX_CREDIT",
     "MAX_FRAME_BYTES",
     "NODE_VERSIONS",
     "PRODUCER_KEY_PREFIX",
@@ -53,10 +58,12 @@ __all__ = (
     "CloseStream",
     "CloseWal",
     "Credit",
+    "CreditAmount",
     "Delivered",
     "Done",
     "ErrorCode",
     "Failed",
+    "GoingAway",
     "Hello",
     "LatestId",
     "LatestIdIs",
@@ -67,6 +74,8 @@ __all__ = (
     "Pong",
     "Read",
     "Refused",
+    "Status",
+    "StatusIs",
     "StreamEnded",
     "StreamStarted",
     "Welcome",
@@ -90,6 +99,11 @@ FRAME_HEADER: Final = struct.Struct(">I")
 #: The largest frame body either side accepts: 16 MiB of messages plus 64 KiB of
 #: overhead. A longer prefix ends the connection (that peer's alone).
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024 + 64 * 1024
+#: The most credit a stream may be granted or hold, in messages and in bytes (u32): a
+#: peer that grants more, or a negative amount, breaks the protocol.
+MAX_CREDIT: Final = 2**32 - 1
+#: A credit field: its decoding refuses what MAX_CREDIT does not allow.
+CreditAmount = Annotated[int, msgspec.Meta(ge=0, le=MAX_CREDIT)]
 
 
 class ErrorCode:
@@ -146,6 +160,8 @@ _CLASSES: Final[dict[int, type[WALError]]] = {
     ErrorCode.SUBSCRIPTION_BUSY: SubscriptionBusy,
     ErrorCode.SUBSCRIPTION_MISMATCH: SubscriptionMismatch,
     ErrorCode.ROUTING_MISMATCH: RoutingMismatch,
+    ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
+    ErrorCode.UNAUTHENTICATED: Unauthenticated,
 }
 _CODES: Final = {cls: code for code, cls in _CLASSES.items()}
 
@@ -280,16 +296,16 @@ class Read(msgspec.Struct, array_like=True, frozen=True, tag=6):
     timeticks: bool
     raw: bool
     txn_buffer_bytes: int
-    credit_messages: int
-    credit_bytes: int
+    credit_messages: CreditAmount
+    credit_bytes: CreditAmount
 
 
 class Credit(msgspec.Struct, array_like=True, frozen=True, tag=7):
     """Grant the stream more credit (messages and payload bytes the client consumed)."""
 
     stream: int
-    messages: int
-    bytes: int
+    messages: CreditAmount
+    bytes: CreditAmount
 
 
 class CloseStream(msgspec.Struct, array_like=True, frozen=True, tag=8):
@@ -312,8 +328,24 @@ class Ping(msgspec.Struct, array_like=True, frozen=True, tag=10):
     nonce: int
 
 
+class Status(msgspec.Struct, array_like=True, frozen=True, tag=60):
+    """The node's status (no WAL needs to be open); answered by ``StatusIs``."""
+
+    request: int
+
+
 ClientMessage = (
-    Hello | OpenWal | Append | AppendMany | LatestId | Read | Credit | CloseStream | CloseWal | Ping
+    Hello
+    | OpenWal
+    | Append
+    | AppendMany
+    | LatestId
+    | Read
+    | Credit
+    | CloseStream
+    | CloseWal
+    | Ping
+    | Status
 )
 
 
@@ -408,6 +440,22 @@ class Pong(msgspec.Struct, array_like=True, frozen=True, tag=30):
     nonce: int
 
 
+class StatusIs(msgspec.Struct, array_like=True, frozen=True, tag=70):
+    """The answer to ``Status``: the node, its pchannels, connections and streams."""
+
+    request: int
+    status: NodeStatus
+
+
+class GoingAway(msgspec.Struct, array_like=True, frozen=True, tag=71):
+    """The node is shutting down (draining): it answers the requests it received, fails
+    new ones with ``BACKEND_UNAVAILABLE``, ends the streams and closes the connection
+    within ``within_ms`` milliseconds. Not an answer to anything; sent once."""
+
+    reason: str
+    within_ms: int
+
+
 NodeMessage = (
     Welcome
     | Refused
@@ -420,4 +468,6 @@ NodeMessage = (
     | Done
     | StreamStarted
     | Pong
+    | StatusIs
+    | GoingAway
 )

@@ -6,8 +6,9 @@ all its clients. A connection is a session: the handshake first (versions, token
 then requests answered in any order (each append runs as its own task, so concurrent
 appends coalesce in the WAL) and streams fed from the WAL's scanners (the WAL filters
 by header; the tail cache serves tailing readers) within each stream's credit. A peer
-that breaks the protocol (garbage, a length prefix above the limit) is disconnected
-alone, with one log line.
+that breaks the protocol (garbage, a length prefix above the limit) or the node's limits
+(``_limits``: it does not read, it trickles) is disconnected alone, with one log line.
+``Status`` is answered from ``_status``.
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ import contextlib
 import hmac
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final, final
 
 import msgspec
 
 from walsvc.core._deliver import DeliverPolicy
-from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALReadOnly
+from walsvc.core._errors import CorruptRecord, InvalidArgument, WALClosed, WALError, WALReadOnly
 from walsvc.core._filter import Filter
 from walsvc.core._ids import unmarshal_message_id
 from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
 from walsvc.core._timetick import HybridClock
 from walsvc.remote._frames import FrameWriter, read_frame
+from walsvc.remote._node_status import NodeLimits, NodeStatus
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
     PRODUCER_KEY_PREFIX,
@@ -52,6 +55,7 @@ from walsvc.remote._protocol import (
     Pong,
     Read,
     Refused,
+    Status,
     StreamEnded,
     StreamStarted,
     Welcome,
@@ -64,13 +68,15 @@ from walsvc.remote._protocol import (
 from walsvc.wal._open import open_wal
 from walsvc.wal._wal import LocalWAL
 
+from ._drain import DRAINING, drain_node, draining_answer
+from ._limits import STATUS_CHARGE, Requests, Watchdog, check_credit, keep_alive
+from ._status import answer_status, host_port, node_status
+
 __all__ = ("NodeServer", "serve")
 
 _log: Final = logging.getLogger("walsvc.service")
 _encode: Final = msgspec.msgpack.Encoder().encode
 _decode: Final = msgspec.msgpack.Decoder(list[ClientMessage]).decode
-#: A client must complete the handshake within this many seconds.
-_HANDSHAKE_TIMEOUT: Final = 10.0
 #: Largest payload bytes in one ``Delivered`` message (a frame holds several).
 _DELIVERY_BYTES: Final = 1024 * 1024
 _TYPES: Final = {int(t): t for t in MessageType}
@@ -129,53 +135,70 @@ def _message(wire: WireMessage) -> Message:
 class _Stream:
     """One client stream: its scanner's pump and its credit."""
 
-    __slots__ = ("bytes", "credit", "messages", "task", "wal")
+    __slots__ = (
+        "bytes",
+        "credit",
+        "delivered",
+        "messages",
+        "read",
+        "task",
+        "waiting_for_credit",
+        "waiting_for_send",
+    )
 
-    def __init__(self, wal: int, messages: int, bytes_: int) -> None:
-        self.wal = wal
-        self.messages = messages
-        self.bytes = bytes_
+    def __init__(self, read: Read) -> None:
+        self.read = read
+        self.messages = read.credit_messages
+        self.bytes = read.credit_bytes
         self.credit = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.delivered = 0  # messages sent
+        self.waiting_for_credit = self.waiting_for_send = False
 
 
 @final
 class _Session:
     """One client connection after its handshake."""
 
-    def __init__(self, node: NodeServer, writer: FrameWriter, peer: str) -> None:
+    def __init__(self, node: NodeServer, writer: FrameWriter, peer: str, number: int) -> None:
         self._node = node
         self._writer = writer
-        self._peer = peer
+        self.peer = peer
+        self.number = number
+        self.connected_at = time.time()
+        self.watchdog: Watchdog | None = None
         self._handles: dict[int, tuple[LocalWAL, bool]] = {}
         self._next_handle = 1
         self._streams: dict[int, _Stream] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Requests(node.limits)
+        self.draining = False
 
     def _send(self, item: msgspec.Struct) -> None:
         self._writer.send(_encode(item))
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, coroutine: Any, charge: int = 64) -> None:
+        self._tasks.add(asyncio.get_running_loop().create_task(coroutine), charge)
 
     def _fail(self, request: int, error: BaseException) -> None:
         if not isinstance(error, WALError):
-            _log.exception("request %d of %s failed", request, self._peer, exc_info=error)
+            _log.exception("request %d of %s failed", request, self.peer, exc_info=error)
         self._send(Failed(request, error_code(error), str(error)))
 
     def handle(self, message: ClientMessage) -> None:
-        if isinstance(message, Append):
-            self._spawn(self._append(message))
+        if self.draining and (answer := draining_answer(message)) is not None:
+            self._send(answer)
+        elif isinstance(message, Append):
+            self._spawn(self._append(message), 64 + len(message.message.payload))
         elif isinstance(message, Credit):
             stream = self._streams.get(message.stream)
             if stream is not None:
                 stream.messages += message.messages
                 stream.bytes += message.bytes
+                check_credit(stream.messages, stream.bytes)
                 stream.credit.set()
         elif isinstance(message, AppendMany):
-            self._spawn(self._append_many(message))
+            charge = sum(64 + len(m.payload) for m in message.messages)
+            self._spawn(self._append_many(message), charge)
         elif isinstance(message, Read):
             self._read(message)
         elif isinstance(message, CloseStream):
@@ -189,9 +212,11 @@ class _Session:
         elif isinstance(message, CloseWal):
             self._handles.pop(message.wal, None)
             for number, stream in list(self._streams.items()):
-                if stream.wal == message.wal:
+                if stream.read.wal == message.wal:
                     self._close_stream(number)
             self._send(Done(message.request))
+        elif isinstance(message, Status):
+            self._spawn(answer_status(self, message), STATUS_CHARGE)
         else:
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
 
@@ -277,9 +302,7 @@ class _Session:
         except Exception as exc:
             self._send(StreamEnded(request.stream, error_code(exc), str(exc)))
             return
-        stream = self._streams[request.stream] = _Stream(
-            request.wal, request.credit_messages, request.credit_bytes
-        )
+        stream = self._streams[request.stream] = _Stream(request)
         if deliver.kind == "latest":
             self._send(StreamStarted(request.stream, wal.last_timetick))
         stream.task = asyncio.get_running_loop().create_task(
@@ -295,7 +318,16 @@ class _Session:
                 while start < len(batch):
                     while stream.messages <= 0 or stream.bytes <= 0:
                         stream.credit.clear()
+                        stream.waiting_for_credit = True
                         await stream.credit.wait()
+                    stream.waiting_for_credit = False
+                    writer = self._writer
+                    if not writer.writable:  # the peer reads too little: bounded queue
+                        stream.waiting_for_send = True
+                        await writer.wait_writable()
+                        stream.waiting_for_send = False
+                        if writer.closed:
+                            raise WALClosed("the connection closed")
                     end, spent = start, 0
                     limit = min(stream.bytes, _DELIVERY_BYTES)
                     while end < len(batch) and end - start < stream.messages and spent < limit:
@@ -303,6 +335,7 @@ class _Session:
                         end += 1
                     stream.messages -= end - start
                     stream.bytes -= spent
+                    stream.delivered += end - start
                     self._send(Delivered(number, [_wire_delivered(m) for m in batch[start:end]]))
                     start = end
         except asyncio.CancelledError:
@@ -310,7 +343,7 @@ class _Session:
             raise
         except Exception as exc:
             if not isinstance(exc, WALError):
-                _log.exception("stream %d of %s failed", number, self._peer)
+                _log.exception("stream %d of %s failed", number, self.peer)
             code, text = error_code(exc), str(exc)
         await scanner.aclose()
         if self._streams.pop(number, None) is not None:
@@ -322,13 +355,22 @@ class _Session:
             stream.task.cancel()
         self._send(StreamEnded(number, ErrorCode.OK, ""))
 
+    async def end_streams(self, code: int | None = None, text: str = "") -> None:
+        """Stop the streams (telling the client ``StreamEnded(code, text)`` unless
+        ``code`` is None)."""
+        streams, self._streams = self._streams, {}
+        for number, stream in streams.items():
+            if stream.task is not None:
+                stream.task.cancel()
+            if code is not None:
+                self._send(StreamEnded(number, code, text))
+        await asyncio.gather(
+            *(s.task for s in streams.values() if s.task is not None), return_exceptions=True
+        )
+
     async def aclose(self) -> None:
         """Stop the streams; appends in flight finish (their answers go nowhere)."""
-        streams, self._streams = self._streams, {}
-        pumps = [s.task for s in streams.values() if s.task is not None]
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await self.end_streams()
         self._handles.clear()
 
 
@@ -344,8 +386,11 @@ class NodeServer:
         token: str | None,
         wal_options: dict[str, Any],
         tls: ssl.SSLContext | None = None,
+        limits: NodeLimits | None = None,
     ) -> None:
         self.url = url
+        #: What the node allows each peer (timeouts, bytes queued).
+        self.limits = NodeLimits() if limits is None else limits
         self._token = token
         self._tls = tls
         # One timetick authority for all the node's pchannels (as open_node has).
@@ -353,16 +398,27 @@ class NodeServer:
         self._wals: dict[str, LocalWAL] = {}
         self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
         self._server: asyncio.Server | None = None
+        self._address = ("", 0)
         self._sessions: set[asyncio.Task[None]] = set()
+        self._live: set[_Session] = set()  # the connections past their handshake
+        self._connections = 0
         #: Peers disconnected for breaking the protocol (for tests and monitoring).
         self.refused_peers = 0
+        #: True once the node drains (``GoingAway`` sent to every client).
+        self.draining = False
+        self._drained: asyncio.Task[None] | None = None
+        #: When the node started listening (Unix time).
+        self.started_at = time.time()
+        self._started = time.monotonic()
 
     @property
     def address(self) -> tuple[str, int]:
         """The host and port the node listens on."""
-        assert self._server is not None
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return str(host), int(port)
+        return self._address
+
+    async def status(self) -> NodeStatus:
+        """The node's status now (a ``NodeStatus``: what ``walsvc status`` shows)."""
+        return await node_status(self)
 
     @property
     def node_url(self) -> str:
@@ -396,8 +452,11 @@ class NodeServer:
             host,
             port,
             ssl=self._tls,
-            ssl_handshake_timeout=_HANDSHAKE_TIMEOUT if self._tls is not None else None,
+            ssl_handshake_timeout=self.limits.handshake_timeout if self._tls is not None else None,
         )
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self._address = (str(host), int(port))
+        self.started_at, self._started = time.time(), time.monotonic()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -413,13 +472,19 @@ class NodeServer:
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        peer = str(writer.get_extra_info("peername"))
+        peer = host_port(writer.get_extra_info("peername"))
+        keep_alive(writer.get_extra_info("socket"))
+        limits = self.limits
         try:
-            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
+            async with asyncio.timeout(limits.handshake_timeout):
                 hello = _decode(await read_frame(reader))
             if len(hello) != 1 or not isinstance(hello[0], Hello):
                 raise CorruptRecord("the first frame must be one Hello")
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        except TimeoutError:
+            self._refuse_peer(peer, f"no Hello within {limits.handshake_timeout:g} s")
+            writer.transport.abort()
+            return
+        except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
             return
         except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -427,7 +492,7 @@ class NodeServer:
             writer.close()
             return
         refusal = self._check_hello(hello[0])
-        frames = FrameWriter(writer)
+        frames = FrameWriter(writer, high_water=limits.send_queue_bytes)
         if refusal is not None:
             frames.send(_encode(refusal))
             await frames.aclose()
@@ -435,25 +500,34 @@ class NodeServer:
         version = negotiate((hello[0].min_version, hello[0].max_version))
         assert version is not None
         frames.send(_encode(Welcome(version, *NODE_VERSIONS, "walsvc-python")))
-        session = _Session(self, frames, peer)
+        self._connections += 1
+        session = _Session(self, frames, peer, self._connections)
+        self._live.add(session)
+        watchdog = session.watchdog = Watchdog(
+            limits, frames, session._tasks, lambda reason: self._refuse_peer(peer, reason)
+        )
         try:
             while not frames.closed:
-                for message in _decode(await read_frame(reader)):
+                for message in _decode(await watchdog.read_frame(reader)):
                     session.handle(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._refuse_peer(peer, exc)
         finally:
+            watchdog.close()
+            self._live.discard(session)
             await session.aclose()
             await frames.aclose(flush_timeout=1.0)
 
-    def _refuse_peer(self, peer: str, error: Exception) -> None:
+    def _refuse_peer(self, peer: str, error: object) -> None:
         self.refused_peers += 1
         _log.warning("disconnected %s: %s", peer, error)
 
     def _check_hello(self, hello: Hello) -> Refused | None:
         low, high = NODE_VERSIONS
+        if self.draining:
+            return Refused(ErrorCode.BACKEND_UNAVAILABLE, DRAINING, low, high)
         if negotiate((hello.min_version, hello.max_version)) is None:
             return Refused(
                 ErrorCode.UNSUPPORTED_VERSION,
@@ -467,8 +541,17 @@ class NodeServer:
             return Refused(ErrorCode.UNAUTHENTICATED, "bad or missing token", low, high)
         return None
 
+    async def drain(self, timeout: float = 30.0, reason: str = "node is shutting down") -> None:  # noqa: ASYNC109 (a grace period, not the caller's deadline)
+        """Stop within ``timeout`` seconds without dropping an answer owed: no new
+        connections, ``GoingAway(reason)`` to every client, the requests received are
+        answered (new ones fail), streams end, then ``aclose`` (see ``_drain``)."""
+        if self._drained is None:
+            self._drained = asyncio.create_task(drain_node(self, timeout, reason))
+        await asyncio.shield(self._drained)
+
     async def aclose(self) -> None:
-        """Stop listening, end every connection and close every WAL."""
+        """Stop listening, end every connection and close every WAL (at once: ``drain``
+        is the graceful way)."""
         if self._server is not None:
             self._server.close()
         sessions = list(self._sessions)
@@ -489,6 +572,7 @@ async def serve(
     *,
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
+    limits: NodeLimits | None = None,
     **wal_options: Any,
 ) -> AsyncIterator[NodeServer]:
     """Serve the pchannels of the log at ``url`` (any backend URL) on ``listen``
@@ -501,11 +585,13 @@ async def serve(
     (``open_wal(..., token=...)``). ``tls``: a server-side ``ssl.SSLContext`` (its
     certificate chain loaded; ``verify_mode = CERT_REQUIRED`` with a CA loaded to demand
     client certificates): every connection then starts with a TLS handshake, and a
-    client that does not speak TLS is disconnected by it."""
+    client that does not speak TLS is disconnected by it. ``limits``: what the node
+    allows each peer (``NodeLimits``: timeouts, bytes queued for a peer that reads too
+    little)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise InvalidArgument(f"listen must be host:port, not {listen!r}")
-    node = NodeServer(url, token=token, wal_options=dict(wal_options), tls=tls)
+    node = NodeServer(url, token=token, wal_options=dict(wal_options), tls=tls, limits=limits)
     await node.start(host.strip("[]") or "127.0.0.1", int(port))
     try:
         yield node

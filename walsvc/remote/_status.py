@@ -1,0 +1,48 @@
+"""Asking a node for its status (``walsvc status``): a connection of its own, one
+``Status`` request, the ``NodeStatus`` the node answers. No WAL needs to be open."""
+
+from __future__ import annotations
+
+import ssl
+
+from walsvc.core._errors import InvalidArgument
+
+from ._connection import Connection
+from ._node_status import NodeStatus
+from ._protocol import Status, StatusIs
+
+__all__ = ("fetch_status", "node_address")
+
+
+def node_address(url: str) -> tuple[str, int]:
+    """The host and port of a node URL ``walsvc://host:port`` (``InvalidArgument`` for
+    anything else)."""
+    location = url.removeprefix("walsvc://").rstrip("/") if url.startswith("walsvc://") else ""
+    host, sep, port = location.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"{url!r} is not a node URL (expected walsvc://host:port)")
+    return host.strip("[]"), int(port)
+
+
+async def fetch_status(
+    url: str,
+    *,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    connect_timeout: float = 10.0,
+) -> NodeStatus:
+    """The status of the node at ``url`` (``walsvc://host:port``): its pchannels,
+    connections and streams. ``token``, ``tls`` and ``connect_timeout`` as for
+    ``open_wal``; how long to wait for the answer is the caller's scope's
+    (``asyncio.timeout``). Raises ``BackendUnavailable`` if the node cannot be reached,
+    ``Unauthenticated`` if it refuses the token."""
+    host, port = node_address(url)
+    conn = await Connection.connect(
+        host, port, token=token, tls=tls, connect_timeout=connect_timeout
+    )
+    try:
+        request = conn.next_id()
+        answer: StatusIs = await conn.request(Status(request), request).future
+    finally:
+        await conn.aclose()
+    return answer.status

@@ -1,0 +1,165 @@
+"""The node's status (``NodeServer.status``, the answer to ``Status``), read from its
+WALs, connections and streams at the moment it is asked.
+
+A friend of ``_server``: it reads the private state of the node, its sessions and
+streams, and changes none of it. Building it awaits only each pchannel's latest id
+(bounded by ``_LATEST_ID_TIMEOUT``), so a slow backend delays a status, never blocks
+the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.metadata
+import re
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Final
+
+from walsvc.remote._node_status import (
+    ConnectionStatus,
+    HandleStatus,
+    NodeStatus,
+    PchannelStatus,
+    StreamStatus,
+)
+from walsvc.remote._protocol import NODE_VERSIONS, Read, Status, StatusIs
+from walsvc.wal._wal import LocalWAL
+
+if TYPE_CHECKING:
+    from ._server import NodeServer, _Session
+
+__all__ = ("answer_status", "filter_summary", "host_port", "masked_url", "node_status")
+
+#: How long a status waits for a backend's latest message id.
+_LATEST_ID_TIMEOUT: Final = 2.0
+#: How many vchannels or types a stream's filter summary names before it counts the rest.
+_SHOWN: Final = 4
+_PASSWORD: Final = re.compile(r"(?<=://)([^/@:]*):[^/@]*@")
+
+
+@functools.cache
+def _version() -> str:
+    try:
+        return importlib.metadata.version("walsvc")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def host_port(address: Any) -> str:
+    """A socket address as ``host:port`` (``[host]:port`` for IPv6)."""
+    if not isinstance(address, tuple) or len(address) < 2:
+        return str(address)
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its user info (``scheme://user:password@host``)
+    masked."""
+    return _PASSWORD.sub(r"\1:***@", url)
+
+
+def _names(items: list[str]) -> str:
+    shown = ",".join(items[:_SHOWN])
+    return shown if len(items) <= _SHOWN else f"{shown},... ({len(items)})"
+
+
+def filter_summary(read: Read) -> str:
+    """What a stream reads, in a few words: ``everything`` or its filter's parts."""
+    parts = []
+    if read.vchannels is not None:
+        parts.append(f"vchannels={_names(read.vchannels)}")
+    if read.types is not None:
+        parts.append(f"types={_names([str(t) for t in read.types])}")
+    if read.min_timetick:
+        parts.append(f"min_timetick={read.min_timetick}")
+    if read.timeticks:
+        parts.append("timeticks")
+    if read.raw:
+        parts.append("raw")
+    return " ".join(parts) or "everything"
+
+
+async def _latest(wal: LocalWAL) -> str | None:
+    try:
+        async with asyncio.timeout(_LATEST_ID_TIMEOUT):
+            latest = await wal.latest_message_id()
+    except Exception:  # a failing or slow backend: a status reports what it can
+        return None
+    return None if latest is None else latest.marshal()
+
+
+def _connection(session: _Session) -> ConnectionStatus:
+    streams = []
+    for number, stream in list(session._streams.items()):
+        read = stream.read
+        found = session._handles.get(read.wal)
+        streams.append(
+            StreamStatus(
+                stream=number,
+                pchannel="" if found is None else found[0].pchannel,
+                deliver=read.deliver,
+                filter=filter_summary(read),
+                delivered=stream.delivered,
+                credit_messages=stream.messages,
+                credit_bytes=stream.bytes,
+                waiting_for_credit=stream.waiting_for_credit,
+                waiting_for_send=stream.waiting_for_send,
+            )
+        )
+    return ConnectionStatus(
+        connection=session.number,
+        peer=session.peer,
+        connected_at=session.connected_at,
+        handles=[
+            HandleStatus(handle=handle, pchannel=wal.pchannel, read_only=read_only)
+            for handle, (wal, read_only) in list(session._handles.items())
+        ],
+        in_flight=len(session._tasks),
+        queued_bytes=session._writer.queued_bytes,
+        reading_paused=session.watchdog is not None and not session.watchdog.reading,
+        streams=streams,
+    )
+
+
+async def node_status(node: NodeServer) -> NodeStatus:
+    """The status of ``node`` now."""
+    wals = sorted(node._wals.items())
+    latest = await asyncio.gather(*(_latest(wal) for _, wal in wals))
+    sessions = sorted(node._live, key=lambda s: s.number)
+    handles = Counter(wal.pchannel for s in sessions for wal, _ in s._handles.values())
+    return NodeStatus(
+        version=_version(),
+        min_version=NODE_VERSIONS[0],
+        max_version=NODE_VERSIONS[1],
+        url=masked_url(node.url),
+        listen=host_port(node.address),
+        started_at=node.started_at,
+        uptime=time.monotonic() - node._started,
+        draining=node.draining,
+        refused_peers=node.refused_peers,
+        limits=node.limits,
+        pchannels=[
+            PchannelStatus(
+                pchannel=name,
+                term=wal.term,
+                last_timetick=wal.last_timetick,
+                latest_message_id=latest_id,
+                handles=handles[name],
+            )
+            for (name, wal), latest_id in zip(wals, latest, strict=True)
+        ],
+        connections=[_connection(session) for session in sessions],
+    )
+
+
+async def answer_status(session: _Session, request: Status) -> None:
+    """Answer ``request``, a ``Status`` of ``session``'s client."""
+    try:
+        status = await node_status(session._node)
+    except Exception as exc:
+        session._fail(request.request, exc)
+        return
+    session._send(StatusIs(request.request, status))
