@@ -353,7 +353,8 @@ class RemoteWAL(WAL):
         self._check_open()
         conn = self._conn
         request = conn.next_id()
-        answer: LatestIdIs = await conn.request(LatestId(request, self._handle), request).future
+        pending = conn.request(LatestId(request, self._handle), request, resend=True)
+        answer: LatestIdIs = await pending.future
         return None if answer.message_id is None else self._ids(answer.message_id)
 
     async def truncate(self, message_id: MessageId) -> None:

@@ -113,7 +113,7 @@ class _Pending:
     """A request waiting for its answer. ``sent`` once it reached a transport;
     ``resend``: safe to send again on a new socket (reads, idempotent appends)."""
 
-    __slots__ = ("append", "future", "item", "resend", "sent", "size")
+    __slots__ = ("append", "future", "held", "item", "resend", "sent", "size")
 
     def __init__(
         self,
@@ -129,6 +129,8 @@ class _Pending:
         self.append = append
         self.resend = resend
         self.sent = False
+        #: Not written to any socket yet (kept for the next one): safe to send there.
+        self.held = False
 
     def mark_sent(self) -> None:
         self.sent = True
@@ -309,10 +311,28 @@ class Connection:
         )
         self._pending[request] = pending
         self._pending_bytes += len(data)
-        socket = self._socket
-        if socket is not None and not self._reconnecting:
+        if self._sending:
+            socket = self._socket
+            assert socket is not None
             socket.writer.send(data, pending.mark_sent if append else None)
+        else:
+            pending.held = True
         return pending
+
+    @property
+    def _sending(self) -> bool:
+        """Whether new requests go out now: a socket is up and not being restored, and
+        its node is not going away (then they wait for the next socket, unless this
+        connection does not reconnect)."""
+        return (
+            self._socket is not None
+            and not self._reconnecting
+            and (self.going_away is None or not self._reconnects_at_all)
+        )
+
+    @property
+    def _reconnects_at_all(self) -> bool:
+        return self._reconnect_timeout > 0 and self._reopen is not None
 
     @property
     def full(self) -> bool:
@@ -360,7 +380,8 @@ class Connection:
         socket, if none is up)."""
         self.check()
         self._streams[read.stream] = scanner
-        self.send(read)
+        if self._sending:  # else the next socket resumes it
+            self.send(read)
 
     def forget_stream(self, stream: int) -> None:
         """Stop routing deliveries to ``stream`` and tell the node to stop it."""
@@ -426,7 +447,7 @@ class Connection:
         for request, pending in list(self._pending.items()):
             if pending.future.done():
                 self._answered(request)
-            elif not pending.resend:
+            elif not (pending.resend or pending.held):
                 self._answered(request)
                 self._fail(pending, BackendUnavailable(reason))
         if not self._reconnecting:  # else the running attempt dials again
@@ -482,6 +503,7 @@ class Connection:
             if hasattr(item, "wal"):
                 item = pending.item = msgspec.structs.replace(item, wal=handle)
             writer.send(_encode(item), pending.mark_sent if pending.append else None)
+            pending.held = False
         for scanner in list(self._streams.values()):
             writer.send(_encode(scanner._resume(handle)))
         self._reconnecting = False  # from here requests go straight out again
@@ -530,6 +552,17 @@ class Connection:
         else:
             pending = self._answered(message.request)
             if pending is None or pending.future.done():
+                return
+            if (
+                isinstance(message, Failed)
+                and message.code == ErrorCode.BACKEND_UNAVAILABLE
+                and self.going_away is not None
+                and pending.resend
+                and self._reconnects_at_all
+            ):  # refused by a draining node: it goes out again on the next socket
+                self._pending[message.request] = pending
+                self._pending_bytes += pending.size
+                pending.held = True
                 return
             if isinstance(message, Failed):
                 pending.future.set_exception(error_from(message.code, message.message))
