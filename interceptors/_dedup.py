@@ -38,7 +38,7 @@ import asyncio
 import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
-from typing import Any, Final, TypeVar, cast, final
+from typing import Any, Final, TypeVar, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
@@ -302,23 +302,23 @@ class Dedup:
         entry = _Entry(self._bound().last_confirmed_id(), False)
         batch: list[Message] = []
         claimed: list[_Key] = []  # the key of each message of ``batch``
-        answers: list[AppendResult | int | None] = []  # settled, a place in ``batch``, or None
-        for message in messages:
-            key = (message.vchannel, cast(str, message.idempotency_key))
+        others: dict[int, AppendResult | int | None] = {}  # messages not in ``batch``
+        claim, add = claimed.append, batch.append
+        for i, message in enumerate(messages):
+            key: _Key = (message.vchannel, message.idempotency_key)  # type: ignore[assignment]
             slot = get(key)
             if slot is None:
                 window[key] = entry
-                answers.append(len(batch))
-                batch.append(message)
-                claimed.append(key)
+                claim(key)
+                add(message)
             elif type(slot) is AppendResult:
-                answers.append(slot)
+                others[i] = slot  # settled
             elif slot is entry:  # twice in this batch: answered as the first
-                answers.append(claimed.index(key))
+                others[i] = claimed.index(key)
             else:
-                answers.append(None)
+                others[i] = None  # in flight in another append, blocked, or a transaction's
         if not batch:
-            return [None if isinstance(a, int) else a for a in answers]
+            return [None if isinstance(a, int) else a for a in others.values()]
         owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry.owner = owner
         self._owners.add(owner)
@@ -327,19 +327,20 @@ class Dedup:
         finally:
             self._owners.discard(owner)
             owner.set_result(None)
-        if len(batch) == len(messages):
+        if not others:
             return outcomes  # the usual batch: every key was new
-        seen: set[int] = set()
         answered: list[AppendResult | Exception | None] = []
-        for a in answers:
-            if not isinstance(a, int):
-                answered.append(a)
+        fresh = iter(outcomes)
+        for i in range(len(messages)):
+            if i not in others:
+                answered.append(next(fresh))
                 continue
-            outcome = outcomes[a]
-            if a in seen and not isinstance(outcome, AppendResult):
-                outcome = None  # a repeat of a key that failed: it tries again alone
-            seen.add(a)
-            answered.append(outcome)
+            other = others[i]
+            if isinstance(other, int):  # a repeat: a key that failed tries again alone
+                outcome = outcomes[other]
+                answered.append(outcome if isinstance(outcome, AppendResult) else None)
+            else:
+                answered.append(other)
         return answered
 
     async def _append_claimed(
@@ -578,15 +579,16 @@ class Dedup:
         window = self._window
         context = self._context
         horizon = (context.last_tick() if context is not None else 0) - self._age_ticks
+        pop = window.popitem  # the oldest first, in C: a full window evicts a key an append
+        max_keys = self._max_keys
         while window:
-            key, slot = next(iter(window.items()))
-            result = slot if isinstance(slot, AppendResult) else slot.result
-            if result is None:
-                break  # the oldest is in flight; the bound is met once it settles
-            if len(window) > self._max_keys or result.timetick < horizon:
-                del window[key]
-                continue
-            break
+            key, slot = pop(last=False)
+            result = slot if type(slot) is AppendResult else slot.result  # type: ignore[union-attr]
+            if result is not None and (len(window) >= max_keys or result.timetick < horizon):
+                continue  # dropped
+            window[key] = slot  # kept after all: back in its place, the oldest
+            window.move_to_end(key, last=False)
+            break  # it is in flight (the bound is met once it settles), or within bounds
 
     async def aclose(self) -> None:
         """Stop the rebuild and wait for the owners still appending (their callers may

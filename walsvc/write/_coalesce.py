@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge
@@ -191,6 +191,10 @@ class KeyedCoalescer(_Coalescer[AppendResult | None]):
                 ),
             )
             return
+        if set(map(type, outcomes)) == _RESULTS_ONLY and not any(map(_done, futures)):
+            results = cast(Sequence[AppendResult | None], outcomes)
+            _consume(map(_set_result, futures, results))  # the usual batch, in C loops
+            return
         for future, outcome in zip(futures, outcomes, strict=True):
             if future.done():  # its producer was cancelled while the batch ran
                 continue
@@ -200,6 +204,8 @@ class KeyedCoalescer(_Coalescer[AppendResult | None]):
                 future.set_result(outcome)
 
 
+#: The types of the outcomes of a batch whose every message has its result.
+_RESULTS_ONLY = frozenset({AppendResult})
 _cancelled = asyncio.Future.cancelled
 _done = asyncio.Future.done
 _set_result = asyncio.Future.set_result
