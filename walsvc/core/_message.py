@@ -266,9 +266,13 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
         return Checkpoint(self.last_confirmed_id, self.durable_tick)
 
 
-class AppendResult(msgspec.Struct, frozen=True):
+class AppendResult(msgspec.Struct, frozen=True, gc=False):
     """Where an appended message landed: its id, the timetick the WAL assigned, and its
     last-confirmed id (with the timetick, a checkpoint a reader can resume from)."""
+
+    # gc=False: never tracked by the cycle collector (ids and ints cannot form a cycle).
+    # The dedup window keeps one per key (100k by default): tracked, they made every
+    # full collection walk them all.
 
     message_id: MessageId
     timetick: int
