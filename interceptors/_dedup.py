@@ -38,7 +38,8 @@ import asyncio
 import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
-from typing import Any, Final, TypeVar, final
+from itertools import repeat
+from typing import Any, Final, TypeVar, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
@@ -243,20 +244,26 @@ class Dedup:
             None if m.idempotency_key is None else (m.vchannel, m.idempotency_key) for m in messages
         ]
         while True:
-            await self.wait_rebuilt()
-            waiting = [
-                k
-                for k in keys
-                if k is not None and type(slot := window.get(k)) is _Entry and slot.result is None
-            ]
+            if not self._rebuilt():
+                await self.wait_rebuilt()
+            known = [k for k in keys if k is not None and k in window]  # usually none
+            waiting = [k for k in known if _in_flight(window[k])]
             if not waiting:
                 break  # and nothing awaits from here to the claims
             for busy in waiting:
                 await self._settled(busy, False)  # its owner's outcome, or a read of the log
-        for known in keys:
-            if known is not None and type(slot := window.get(known)) is _Entry:
-                raise _kind_mismatch(known, True)  # a settled transaction key
+        for settled in known:
+            if type(window[settled]) is _Entry:
+                raise _kind_mismatch(settled, True)  # a settled transaction key
         entry = _Entry(self._bound().last_confirmed_id(), False)
+        if not known and None not in keys:  # the usual batch: keyed, every key new
+            new = cast(list[_Key], keys)
+            size = len(window)
+            window.update(zip(new, repeat(entry)))  # claimed, in C loops
+            if len(window) - size == len(new):  # and none twice
+                work = self._append_batch(keys, entry, list(messages), call_next)
+                return await self._own(entry, work)
+            self._release_all(new, entry)  # claimed again one by one below
         batch: list[Message] = []
         claimed: list[_Key | None] = []  # the key of each message of ``batch``
         first: dict[_Key, int] = {}  # where each claimed key is in ``batch``
@@ -432,13 +439,12 @@ class Dedup:
     ) -> None:
         """Settle ``keys``, claimed under ``entry``, with their ``results``."""
         window = self._window
-        get = window.get
         if entry.txn:
             (entry.result,) = results  # the window keeps the entry: it names a transaction
         else:
-            for key, result in zip(keys, results, strict=True):
-                if get(key) is entry:
-                    window[key] = result
+            # In C loops. Nothing replaced them meanwhile: only a key's owner settles or
+            # releases it, a claim takes only a free key, and eviction skips keys in flight.
+            window.update(zip(keys, results, strict=True))
         self._evict()
 
     # -- looking keys up ------------------------------------------------------------------
@@ -598,6 +604,11 @@ class Dedup:
             self._rebuild.cancel()
         if self._owners:
             await asyncio.wait(list(self._owners))
+
+
+def _in_flight(slot: _Slot) -> bool:
+    """True for a key whose append is in flight or blocked (no result yet)."""
+    return type(slot) is _Entry and slot.result is None
 
 
 def _settled_key(message: ImmutableMessage) -> _Key | None:
