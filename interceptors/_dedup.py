@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Awaitable, Sequence
 from itertools import repeat
 from typing import Any, Final, TypeVar, cast, final
@@ -103,8 +103,10 @@ class Dedup:
         "_age_ticks",
         "_context",
         "_max_keys",
+        "_order",
         "_owners",
         "_rebuild",
+        "_stale",
         "_window",
         "rebuilt",
     )
@@ -119,8 +121,12 @@ class Dedup:
         self._max_keys = max_keys
         self._age_ticks = span_of_ms(round(max_age * 1000))
         self._context: InterceptorContext | None = None
-        # In the order the keys were claimed (or read, on open): the oldest first.
-        self._window: OrderedDict[_Key, _Slot] = OrderedDict()
+        self._window: dict[_Key, _Slot] = {}
+        # The keys in the order they were claimed (or read, on open), the oldest first, and
+        # how many entries of each key there are stale: one per release (a released key
+        # may be claimed again later; its older entries come first).
+        self._order: deque[_Key] = deque()
+        self._stale: dict[_Key, int] = {}
         self._rebuild: asyncio.Task[None] | None = None
         self._owners: set[asyncio.Future[Any]] = set()
         #: How many keys the rebuild on open recovered from the log.
@@ -198,6 +204,7 @@ class Dedup:
             else:
                 entry = self._window[key] = _Entry(None, True)
                 entry.result = result
+            self._order.append(key)
             self.rebuilt += 1
             if len(self._window) > self._max_keys:
                 self._evict()  # one key at a time, not the excess of a whole window at the end
@@ -223,6 +230,7 @@ class Dedup:
             return settled
         entry = _Entry(self._bound().last_confirmed_id(), txn)
         self._window[key] = entry
+        self._order.append(key)
         return await self._own(entry, self._append_one(key, entry, message, call_next))
 
     def do_append_batch(
@@ -261,9 +269,12 @@ class Dedup:
             size = len(window)
             window.update(zip(new, repeat(entry)))  # claimed, in C loops
             if len(window) - size == len(new):  # and none twice
+                self._order.extend(new)
                 work = self._append_batch(keys, entry, list(messages), call_next)
                 return await self._own(entry, work)
-            self._release_all(new, entry)  # claimed again one by one below
+            for twice in new:  # a key twice: claimed again one by one below
+                if window.get(twice) is entry:
+                    del window[twice]
         batch: list[Message] = []
         claimed: list[_Key | None] = []  # the key of each message of ``batch``
         first: dict[_Key, int] = {}  # where each claimed key is in ``batch``
@@ -285,6 +296,7 @@ class Dedup:
             claimed.append(key)
         if not batch:
             return [a for a in answers if isinstance(a, AppendResult)]  # every key was settled
+        self._order.extend(k for k in claimed if k is not None)
         appended = await self._own(entry, self._append_batch(claimed, entry, batch, call_next))
         if len(batch) == len(messages):
             return appended
@@ -326,6 +338,7 @@ class Dedup:
                 others[i] = None  # in flight in another append, blocked, or a transaction's
         if not batch:
             return [None if isinstance(a, int) else a for a in others.values()]
+        self._order.extend(claimed)
         owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry.owner = owner
         self._owners.add(owner)
@@ -573,8 +586,28 @@ class Dedup:
         return self._context
 
     def _release(self, key: _Key, entry: _Entry) -> None:
-        if self._window.get(key) is entry:
-            del self._window[key]
+        """Forget ``key``, claimed under ``entry`` (its append wrote nothing)."""
+        window = self._window
+        if window.get(key) is entry:
+            del window[key]
+            self._stale[key] = self._stale.get(key, 0) + 1  # its entry in _order
+            if len(self._order) > 2 * len(window) + 1024:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries of ``_order``: many keys were released (appends that
+        failed) while few settled, so that eviction did not reach them."""
+        stale = self._stale
+        kept: deque[_Key] = deque()
+        for key in self._order:
+            count = stale.get(key)
+            if count is None:
+                kept.append(key)
+            elif count == 1:
+                del stale[key]
+            else:
+                stale[key] = count - 1
+        self._order = kept
 
     def _release_all(self, keys: Sequence[_Key], entry: _Entry) -> None:
         for key in keys:
@@ -583,18 +616,31 @@ class Dedup:
     def _evict(self) -> None:
         """Drop the oldest settled keys beyond ``max_keys`` or older than ``max_age``."""
         window = self._window
+        order = self._order
+        stale = self._stale
         context = self._context
         horizon = (context.last_tick() if context is not None else 0) - self._age_ticks
-        pop = window.popitem  # the oldest first, in C: a full window evicts a key an append
         max_keys = self._max_keys
-        while window:
-            key, slot = pop(last=False)
+        while order:
+            key = order[0]
+            if stale:
+                count = stale.get(key)
+                if count is not None:  # an entry of a key released since
+                    order.popleft()
+                    if count == 1:
+                        del stale[key]
+                    else:
+                        stale[key] = count - 1
+                    continue
+            slot = window[key]
             result = slot if type(slot) is AppendResult else slot.result  # type: ignore[union-attr]
-            if result is not None and (len(window) >= max_keys or result.timetick < horizon):
-                continue  # dropped
-            window[key] = slot  # kept after all: back in its place, the oldest
-            window.move_to_end(key, last=False)
-            break  # it is in flight (the bound is met once it settles), or within bounds
+            if result is None:
+                break  # the oldest is in flight; the bound is met once it settles
+            if len(window) > max_keys or result.timetick < horizon:
+                order.popleft()
+                del window[key]
+                continue
+            break
 
     async def aclose(self) -> None:
         """Stop the rebuild and wait for the owners still appending (their callers may

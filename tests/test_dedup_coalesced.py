@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import _faulty
-from _chain_support import data, log_of
+import pytest
+from _chain_support import data, log_of, member
 
 import walsvc
-from interceptors import default_chain
+from interceptors import Dedup, default_chain
 from walsvc import AppendResult, Message
 from walsvc.core._chain import AppendBatchNext, AppendNext
 
@@ -253,3 +254,48 @@ async def test_an_ambiguous_coalesced_batch_is_resolved_from_the_log() -> None:
     assert keys_in(log) == Counter([*(f"a{n}" for n in range(5)), *(f"b{n}" for n in range(5))])
     where = {m.idempotency_key: m.message_id for m in log}
     assert [r.message_id for r in retried] == [where[f"b{n}"] for n in range(5)]
+
+
+async def test_a_key_released_and_claimed_again_is_evicted_in_its_new_place() -> None:
+    """The window forgets the oldest keys first, by when they were last claimed: a key
+    whose append failed (released) and which was appended again later is younger than
+    the keys appended in between."""
+    name = f"{_faulty.SCHEME}://{uuid.uuid4().hex}"
+    chain = default_chain(sync_interval=None, dedup=Dedup(max_keys=3))
+    async with await walsvc.open_wal(name, "p0", interceptors=chain) as wal:
+        await wal.wait_ready()
+        await member(wal, Dedup).wait_rebuilt()
+        _faulty.FaultyBackend.faults["p0"] = ["lost-write"]
+        with pytest.raises(walsvc.AppendOutcomeUnknown):
+            await wal.append(keyed("a"))  # not written: released
+        await wal.append(keyed("b"))
+        await wal.append(keyed("c"))
+        first_a = await wal.append(keyed("a"))
+        await wal.append(keyed("d"))  # four keys: "b" goes, not "a"
+        assert await wal.append(keyed("a")) == first_a
+        await wal.append(keyed("b"))  # forgotten: appended again
+        log = await log_of(wal)
+    assert keys_in(log) == Counter({"a": 1, "b": 2, "c": 1, "d": 1})
+
+
+async def test_many_released_keys_leave_no_trace_in_the_window(tmp_path: Path) -> None:
+    """Keys released by failed appends (here: too large, refused before writing) while
+    few keys settle do not pile up in the window's bookkeeping."""
+    sizes = BatchSizes()
+    async with await open_observed(f"file://{tmp_path}", sizes, max_message_size=4096) as wal:
+        dedup = member(wal, Dedup)
+        for round_ in range(12):
+            outcomes = await asyncio.gather(
+                *(wal.append(keyed(f"big{round_}.{n}", b"L" * 8192)) for n in range(100)),
+                wal.append(keyed(f"ok{round_}")),
+                return_exceptions=True,
+            )
+            assert all(isinstance(o, walsvc.MessageTooLarge) for o in outcomes[:-1])
+            assert isinstance(outcomes[-1], AppendResult)
+        assert len(dedup) == 13  # "warm" and the twelve that landed
+        assert len(dedup._order) <= 2 * len(dedup) + 1024
+        again = await asyncio.gather(*(wal.append(keyed(f"ok{r}")) for r in range(12)))
+        log = await log_of(wal)
+    assert [r.message_id for r in again] == [
+        m.message_id for m in log if (m.idempotency_key or "").startswith("ok")
+    ]
