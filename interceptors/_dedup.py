@@ -64,7 +64,10 @@ DEFAULT_MAX_KEYS: Final = 100_000
 #: Seconds a settled key is remembered (by timetick, so across restarts too).
 DEFAULT_MAX_AGE: Final = 600.0
 
-_Key = tuple[str, str]  # (vchannel, idempotency key)
+#: A key of the window: ``vchannel + "\0" + idempotency key`` (no NUL in the vchannel: the
+#: first NUL ends it), else the tuple (vchannel, idempotency key). A str is hashed once and
+#: is no work for the cycle collector, which a tuple per key kept in the window was.
+_Key = str | tuple[str, str]
 _T = TypeVar("_T")
 
 
@@ -217,7 +220,7 @@ class Dedup:
         key = message.idempotency_key
         if key is None:
             return call_next(message)
-        return self._keyed(message, (message.vchannel, key), call_next)
+        return self._keyed(message, _key(message.vchannel, key), call_next)
 
     async def _keyed(self, message: Message, key: _Key, call_next: AppendNext) -> AppendResult:
         txn = message.txn is not None
@@ -249,7 +252,8 @@ class Dedup:
     ) -> list[AppendResult]:
         window = self._window
         keys = [
-            None if m.idempotency_key is None else (m.vchannel, m.idempotency_key) for m in messages
+            None if m.idempotency_key is None else _key(m.vchannel, m.idempotency_key)
+            for m in messages
         ]
         while True:
             if not self._rebuilt():
@@ -324,7 +328,12 @@ class Dedup:
         others: dict[int, AppendResult | int | None] = {}  # messages not in ``batch``
         claim, add = claimed.append, batch.append
         for i, message in enumerate(messages):
-            key: _Key = (message.vchannel, message.idempotency_key)  # type: ignore[assignment]
+            vchannel = message.vchannel
+            key: _Key = (
+                f"{vchannel}\0{message.idempotency_key}"  # _key, inline: once per append
+                if "\0" not in vchannel
+                else (vchannel, message.idempotency_key)  # type: ignore[assignment]
+            )
             slot = get(key)
             if slot is None:
                 window[key] = entry
@@ -465,7 +474,7 @@ class Dedup:
     async def committed_txn(self, vchannel: str, key: str) -> AppendResult | None:
         """The CommitTxn result of the transaction with ``key`` on ``vchannel``, if one
         committed within the window (waiting for a commit of it in flight); else None."""
-        return await self._settled((vchannel, key), True)
+        return await self._settled(_key(vchannel, key), True)
 
     async def _settled(self, key: _Key, txn: bool) -> AppendResult | None:
         """The result ``key`` settled with; None if it is free (the caller may own it
@@ -489,7 +498,7 @@ class Dedup:
                 await asyncio.wait((owner,))  # the owner's outcome, not its caller's
             elif retried:
                 raise AppendOutcomeUnknown(
-                    f"whether the append of key {key[1]!r} on vchannel {key[0]!r} landed is"
+                    f"whether the append of key {_named(key)} landed is"
                     " still unknown: the log could not be read to tell, so the key stays"
                     " blocked (each retry reads it again)"
                 )
@@ -503,7 +512,7 @@ class Dedup:
     async def _resolve_again(self, key: _Key, entry: _Entry) -> None:
         """``_resolve`` for a blocked key: settled or released (free to append), unless
         the log still cannot be read (raises ``AppendOutcomeUnknown``)."""
-        unknown = AppendOutcomeUnknown(f"the append of key {key[1]!r} may have landed")
+        unknown = AppendOutcomeUnknown(f"the append of key {_named(key)} may have landed")
         try:
             await self._resolve(key, entry, unknown)
         except AppendOutcomeUnknown as exc:
@@ -533,7 +542,7 @@ class Dedup:
             blocked: list[AppendResult | AppendOutcomeUnknown] = []
             for key in keys:
                 unknown = AppendOutcomeUnknown(
-                    f"{error}; and reading the log to resolve key {key[1]!r} failed ({exc!r}):"
+                    f"{error}; and reading the log to resolve key {_named(key)} failed ({exc!r}):"
                     " the key stays blocked until the log can be read to tell (each retry"
                     " reads it again)"
                 )
@@ -663,7 +672,18 @@ def _settled_key(message: ImmutableMessage) -> _Key | None:
     key = message.idempotency_key
     if key is None or (message.txn is not None and message.type is not MessageType.COMMIT_TXN):
         return None
-    return (message.vchannel, key)
+    return _key(message.vchannel, key)
+
+
+def _key(vchannel: str, key: str) -> _Key:
+    """The window key of idempotency key ``key`` on ``vchannel``."""
+    return f"{vchannel}\0{key}" if "\0" not in vchannel else (vchannel, key)
+
+
+def _named(key: _Key) -> str:
+    """A window key as error messages name it: the key, then its vchannel."""
+    vchannel, key_text = key.split("\0", 1) if isinstance(key, str) else key
+    return f"{key_text!r} on vchannel {vchannel!r}"
 
 
 def _result_of(message: ImmutableMessage) -> AppendResult:
@@ -673,7 +693,7 @@ def _result_of(message: ImmutableMessage) -> AppendResult:
 def _kind_mismatch(key: _Key, names_txn: bool) -> InvalidArgument:
     kind = "a transaction" if names_txn else "a message"
     return InvalidArgument(
-        f"idempotency key {key[1]!r} on vchannel {key[0]!r} already names {kind}; a key"
+        f"idempotency key {_named(key)} already names {kind}; a key"
         " names one message or one transaction"
     )
 

@@ -299,3 +299,21 @@ async def test_many_released_keys_leave_no_trace_in_the_window(tmp_path: Path) -
     assert [r.message_id for r in again] == [
         m.message_id for m in log if (m.idempotency_key or "").startswith("ok")
     ]
+
+
+async def test_keys_and_vchannels_with_nul_characters_stay_apart(url: str) -> None:
+    """The window joins vchannel and key with a NUL when the vchannel has none: a key
+    with a NUL in it, and a vchannel with one, name distinct messages all the same."""
+    pairs = [("v", "a\x00b"), ("v\x00a", "b"), ("v\x00a\x00b", ""), ("v", "a")]
+    async with await walsvc.open_wal(url, "p0") as wal:
+        first = await asyncio.gather(
+            *(wal.append(data(b"x", vchannel=v, idempotency_key=k or "z")) for v, k in pairs)
+        )
+        again = await asyncio.gather(
+            *(wal.append(data(b"x", vchannel=v, idempotency_key=k or "z")) for v, k in pairs)
+        )
+        log = await log_of(wal)
+    assert again == first
+    assert len(set(first)) == len(pairs)
+    stored = Counter((m.vchannel, m.idempotency_key) for m in log if m.idempotency_key)
+    assert stored == Counter((v, k or "z") for v, k in pairs)
