@@ -317,3 +317,28 @@ async def test_keys_and_vchannels_with_nul_characters_stay_apart(url: str) -> No
     assert len(set(first)) == len(pairs)
     stored = Counter((m.vchannel, m.idempotency_key) for m in log if m.idempotency_key)
     assert stored == Counter((v, k or "z") for v, k in pairs)
+
+
+class DropsAResult:
+    """A faulty interceptor: returns one result fewer than the batch it appended."""
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        return await call_next(message)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        return (await call_next(messages))[:-1]
+
+
+async def test_a_chain_that_loses_a_result_is_read_from_the_log(tmp_path: Path) -> None:
+    """A keyed batch whose results the chain garbled is an ambiguous append: Dedup reads
+    the log, finds every key, and answers each producer with its message's result."""
+    chain = [*default_chain(sync_interval=None), DropsAResult()]
+    async with await walsvc.open_wal(f"file://{tmp_path}", "p0", interceptors=chain) as wal:
+        await wal.wait_ready()
+        results = await asyncio.gather(*(wal.append(keyed(f"k{n}")) for n in range(PRODUCERS)))
+        log = await log_of(wal)
+    where = {m.idempotency_key: m.message_id for m in log}
+    assert [r.message_id for r in results] == [where[f"k{n}"] for n in range(PRODUCERS)]
+    assert keys_in(log) == Counter(f"k{n}" for n in range(PRODUCERS))
