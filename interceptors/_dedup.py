@@ -24,6 +24,11 @@ Per (vchannel, key), within a window bounded by count and age:
   do. If it fails for good (damage in the window) keyed appends raise its error, since
   exactly-once cannot be promised over a log that cannot be read; a retriable failure is
   retried by the next keyed append.
+Concurrent keyed appends are taken together (``do_append_coalesced``: the WAL gathers
+them, see ``walsvc.CoalescingInterceptor``): their new keys are claimed at once and
+appended as one batch, whose owner is the WAL's task for it, and each key is settled from
+its result; the promises above are the same for them. Most keys of the window are settled
+message keys, held as their bare ``AppendResult``.
 Milvus (PR #50007) loses its window on restart and releases keys on ambiguous errors.
 """
 
@@ -31,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Awaitable, Sequence
-from typing import Any, Final, TypeVar, final
+from itertools import repeat
+from typing import Any, Final, TypeVar, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
@@ -41,6 +47,7 @@ from walsvc.core._errors import (
     AppendOutcomeUnknown,
     InvalidArgument,
     InvalidMessage,
+    MessageTooLarge,
     WALError,
     WALTruncated,
 )
@@ -57,24 +64,33 @@ DEFAULT_MAX_KEYS: Final = 100_000
 #: Seconds a settled key is remembered (by timetick, so across restarts too).
 DEFAULT_MAX_AGE: Final = 600.0
 
-_Key = tuple[str, str]  # (vchannel, idempotency key)
+#: A key of the window: ``vchannel + "\0" + idempotency key`` (no NUL in the vchannel: the
+#: first NUL ends it), else the tuple (vchannel, idempotency key). A str is hashed once and
+#: is no work for the cycle collector, which a tuple per key kept in the window was.
+_Key = str | tuple[str, str]
 _T = TypeVar("_T")
 
 
 @final
 class _Entry:
-    """One key of the window: settled (``result``), in flight (``owner`` running), or
-    blocked (``owner`` done without a result: its outcome could not be read)."""
+    """A key of the window that is not a settled message key: in flight (``owner``
+    running), blocked (``owner`` done without a result: its outcome could not be read), or
+    a settled transaction key (``result``, ``txn``). The keys of one batch share one."""
 
     __slots__ = ("floor", "owner", "result", "txn")
 
     def __init__(self, floor: MessageId | None, txn: bool) -> None:
-        #: At or before where the keyed message lands: resolution reads from here.
+        #: At or before where the keyed messages land: resolution reads from here.
         self.floor = floor
         #: True if the key names a transaction (settled by its CommitTxn).
         self.txn = txn
         self.result: AppendResult | None = None
         self.owner: asyncio.Future[Any] | None = None
+
+
+#: What the window holds per key: a settled message key's result (most keys), or an
+#: ``_Entry``.
+_Slot = AppendResult | _Entry
 
 
 @final
@@ -90,8 +106,10 @@ class Dedup:
         "_age_ticks",
         "_context",
         "_max_keys",
+        "_order",
         "_owners",
         "_rebuild",
+        "_stale",
         "_window",
         "rebuilt",
     )
@@ -106,7 +124,12 @@ class Dedup:
         self._max_keys = max_keys
         self._age_ticks = span_of_ms(round(max_age * 1000))
         self._context: InterceptorContext | None = None
-        self._window: OrderedDict[_Key, _Entry] = OrderedDict()
+        self._window: dict[_Key, _Slot] = {}
+        # The keys in the order they were claimed (or read, on open), the oldest first, and
+        # how many entries of each key there are stale: one per release (a released key
+        # may be claimed again later; its older entries come first).
+        self._order: deque[_Key] = deque()
+        self._stale: dict[_Key, int] = {}
         self._rebuild: asyncio.Task[None] | None = None
         self._owners: set[asyncio.Future[Any]] = set()
         #: How many keys the rebuild on open recovered from the log.
@@ -147,6 +170,16 @@ class Dedup:
         if error is not None:
             raise _copy(error, "; the dedup window could not be rebuilt from the log") from error
 
+    def _rebuilt(self) -> bool:
+        """True once the window was rebuilt (and the rebuild did not fail)."""
+        rebuild = self._rebuild
+        return (
+            rebuild is not None
+            and rebuild.done()
+            and not rebuild.cancelled()
+            and rebuild.exception() is None
+        )
+
     async def _rebuild_window(self, context: InterceptorContext) -> None:
         latest = await context.latest_message_id()
         if latest is None:
@@ -168,9 +201,13 @@ class Dedup:
         """Put a keyed message the rebuild read into the window."""
         key = _settled_key(message)
         if key is not None and key not in self._window:
-            entry = _Entry(None, message.txn is not None)
-            entry.result = _result_of(message)
-            self._window[key] = entry  # keyed appends wait for this: the window was empty
+            result = _result_of(message)
+            if message.txn is None:
+                self._window[key] = result  # keyed appends wait for this: the window was empty
+            else:
+                entry = self._window[key] = _Entry(None, True)
+                entry.result = result
+            self._order.append(key)
             self.rebuilt += 1
             if len(self._window) > self._max_keys:
                 self._evict()  # one key at a time, not the excess of a whole window at the end
@@ -183,7 +220,7 @@ class Dedup:
         key = message.idempotency_key
         if key is None:
             return call_next(message)
-        return self._keyed(message, (message.vchannel, key), call_next)
+        return self._keyed(message, _key(message.vchannel, key), call_next)
 
     async def _keyed(self, message: Message, key: _Key, call_next: AppendNext) -> AppendResult:
         txn = message.txn is not None
@@ -194,15 +231,18 @@ class Dedup:
             if txn:  # a second transaction with a committed key: end it, answer the first
                 await self._roll_back_duplicate(message, call_next)
             return settled
-        entry = self._window[key] = _Entry(self._bound().last_confirmed_id(), txn)
-        return await self._own((entry,), self._append_one(key, entry, message, call_next))
+        entry = _Entry(self._bound().last_confirmed_id(), txn)
+        self._window[key] = entry
+        self._order.append(key)
+        return await self._own(entry, self._append_one(key, entry, message, call_next))
 
     def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> Awaitable[list[AppendResult]]:
-        """A batch without keys passes through. A batch with keys is answered from the
-        window where it can be, and the rest is appended as one batch; if a key of it is
-        in flight in another append (or twice in the batch), it goes one at a time."""
+        """A batch without keys passes through. A batch with keys waits for the appends
+        of its keys in flight elsewhere, is answered from the window where it can be, and
+        the rest is appended as one batch (a key twice in it: appended once, both answered
+        with that result)."""
         if all(m.idempotency_key is None for m in messages):
             return call_next(messages)
         return self._keyed_batch(messages, call_next)
@@ -210,54 +250,161 @@ class Dedup:
     async def _keyed_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> list[AppendResult]:
-        await self.wait_rebuilt()
         window = self._window
         keys = [
-            None if m.idempotency_key is None else (m.vchannel, m.idempotency_key) for m in messages
+            None if m.idempotency_key is None else _key(m.vchannel, m.idempotency_key)
+            for m in messages
         ]
-        claimed = [k for k in keys if k is not None]
-        if len(set(claimed)) != len(claimed) or any(
-            (entry := window.get(k)) is not None and entry.result is None for k in claimed
-        ):
-            return await self._one_at_a_time(messages, call_next)
-        results: list[AppendResult | None] = []
-        for key in keys:
-            known = None if key is None else window.get(key)
-            if key is not None and known is not None and known.txn:
-                raise _kind_mismatch(key, True)
-            results.append(None if known is None else known.result)
-        fresh = [i for i, r in enumerate(results) if r is None]
-        if fresh:
-            floor = self._bound().last_confirmed_id()
-            entries: dict[int, _Entry] = {}
-            for i in fresh:
-                key = keys[i]
-                if key is not None:
-                    entries[i] = window[key] = _Entry(floor, False)
-            batch = [messages[i] for i in fresh]
-            owner = self._append_batch(keys, entries, batch, fresh, call_next)
-            appended = await self._own(list(entries.values()), owner)
-            for i, result in zip(fresh, appended, strict=True):
-                results[i] = result
-        return [r for r in results if r is not None]
+        while True:
+            if not self._rebuilt():
+                await self.wait_rebuilt()
+            known = [k for k in keys if k is not None and k in window]  # usually none
+            waiting = [k for k in known if _in_flight(window[k])]
+            if not waiting:
+                break  # and nothing awaits from here to the claims
+            for busy in waiting:
+                await self._settled(busy, False)  # its owner's outcome, or a read of the log
+        for settled in known:
+            if type(window[settled]) is _Entry:
+                raise _kind_mismatch(settled, True)  # a settled transaction key
+        entry = _Entry(self._bound().last_confirmed_id(), False)
+        if not known and None not in keys:  # the usual batch: keyed, every key new
+            new = cast(list[_Key], keys)
+            size = len(window)
+            window.update(zip(new, repeat(entry)))  # claimed, in C loops
+            if len(window) - size == len(new):  # and none twice
+                self._order.extend(new)
+                work = self._append_batch(keys, entry, list(messages), call_next)
+                return await self._own(entry, work)
+            for twice in new:  # a key twice: claimed again one by one below
+                if window.get(twice) is entry:
+                    del window[twice]
+        batch: list[Message] = []
+        claimed: list[_Key | None] = []  # the key of each message of ``batch``
+        first: dict[_Key, int] = {}  # where each claimed key is in ``batch``
+        answers: list[AppendResult | int] = []  # a settled result, or a place in ``batch``
+        for message, key in zip(messages, keys, strict=True):
+            if key is not None:
+                slot = window.get(key)
+                if slot is entry:  # twice in this batch: answered as the first
+                    answers.append(first[key])
+                    continue
+                if slot is not None:
+                    assert isinstance(slot, AppendResult)
+                    answers.append(slot)
+                    continue
+                window[key] = entry
+                first[key] = len(batch)
+            answers.append(len(batch))
+            batch.append(message)
+            claimed.append(key)
+        if not batch:
+            return [a for a in answers if isinstance(a, AppendResult)]  # every key was settled
+        self._order.extend(k for k in claimed if k is not None)
+        appended = await self._own(entry, self._append_batch(claimed, entry, batch, call_next))
+        if len(batch) == len(messages):
+            return appended
+        return [appended[a] if isinstance(a, int) else a for a in answers]
 
-    async def _one_at_a_time(
+    async def do_append_coalesced(
         self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
-        async def one(message: Message) -> AppendResult:
-            (result,) = await call_next((message,))
-            return result
+    ) -> Sequence[AppendResult | Exception | None]:
+        """Keyed appends of concurrent callers together (``walsvc.CoalescingInterceptor``):
+        settled keys are answered, new ones claimed and appended as one batch, and settled
+        from its results in one pass (a key twice in the batch: appended once, both
+        answered). A key in flight in another append, blocked, or naming a transaction is
+        left to ``do_append`` (None), which waits for it, reads the log or refuses it; so
+        is every message while the window cannot be rebuilt."""
+        if not self._rebuilt():
+            try:
+                await self.wait_rebuilt()
+            except WALError:
+                return [None] * len(messages)  # do_append raises it, a fresh copy each
+        window = self._window
+        get = window.get
+        entry = _Entry(self._bound().last_confirmed_id(), False)
+        batch: list[Message] = []
+        claimed: list[_Key] = []  # the key of each message of ``batch``
+        others: dict[int, AppendResult | int | None] = {}  # messages not in ``batch``
+        claim, add = claimed.append, batch.append
+        for i, message in enumerate(messages):
+            vchannel = message.vchannel
+            key: _Key = (
+                f"{vchannel}\0{message.idempotency_key}"  # _key, inline: once per append
+                if "\0" not in vchannel
+                else (vchannel, message.idempotency_key)  # type: ignore[assignment]
+            )
+            slot = get(key)
+            if slot is None:
+                window[key] = entry
+                claim(key)
+                add(message)
+            elif type(slot) is AppendResult:
+                others[i] = slot  # settled
+            elif slot is entry:  # twice in this batch: answered as the first
+                others[i] = claimed.index(key)
+            else:
+                others[i] = None  # in flight in another append, blocked, or a transaction's
+        if not batch:
+            return [None if isinstance(a, int) else a for a in others.values()]
+        self._order.extend(claimed)
+        owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry.owner = owner
+        self._owners.add(owner)
+        try:
+            outcomes = await self._append_claimed(claimed, entry, batch, call_next)
+        finally:
+            self._owners.discard(owner)
+            owner.set_result(None)
+        if not others:
+            return outcomes  # the usual batch: every key was new
+        answered: list[AppendResult | Exception | None] = []
+        fresh = iter(outcomes)
+        for i in range(len(messages)):
+            if i not in others:
+                answered.append(next(fresh))
+                continue
+            other = others[i]
+            if isinstance(other, int):  # a repeat: a key that failed tries again alone
+                outcome = outcomes[other]
+                answered.append(outcome if isinstance(outcome, AppendResult) else None)
+            else:
+                answered.append(other)
+        return answered
 
-        return [await self.do_append(m, one) for m in messages]
+    async def _append_claimed(
+        self, claimed: list[_Key], entry: _Entry, batch: list[Message], call_next: AppendBatchNext
+    ) -> Sequence[AppendResult | Exception | None]:
+        """Append ``batch``, the messages of the keys ``claimed`` under ``entry``, and
+        settle each key from its outcome; return what each message's caller gets: its
+        result, its error, or None (the batch was refused as too large: each message
+        tries again alone, so that only that one fails)."""
+        try:
+            appended = await call_next(batch)
+            if len(appended) != len(batch):
+                raise AppendOutcomeUnknown(
+                    f"the interceptor chain returned {len(appended)} results for a batch of"
+                    f" {len(batch)} appends; they may or may not be in the log"
+                )
+        except AppendOutcomeUnknown as exc:
+            return await self._resolve_all(claimed, entry, exc)
+        except MessageTooLarge:
+            self._release_all(claimed, entry)  # nothing was written
+            return [None] * len(claimed)
+        except BaseException as exc:
+            self._release_all(claimed, entry)  # nothing was written
+            if not isinstance(exc, Exception):
+                raise
+            return [exc] * len(claimed)
+        self._settle_all(claimed, entry, appended)
+        return appended
 
     # -- owners: the appends that settle keys ---------------------------------------------
 
-    async def _own(self, entries: Sequence[_Entry], work: Awaitable[_T]) -> _T:
-        """Run ``work`` (the append of ``entries``' keys) as their owner: to its end,
+    async def _own(self, entry: _Entry, work: Awaitable[_T]) -> _T:
+        """Run ``work`` (the append of ``entry``'s keys) as their owner: to its end,
         whatever becomes of the caller, who gets its outcome unless cancelled first."""
-        owner = asyncio.ensure_future(work)
-        for entry in entries:
-            entry.owner = owner
+        owner = entry.owner = asyncio.ensure_future(work)
         self._owners.add(owner)
         owner.add_done_callback(self._owners.discard)
         owner.add_done_callback(_collect)  # its caller may be gone
@@ -273,50 +420,53 @@ class Dedup:
         except BaseException:
             self._release(key, entry)  # nothing was written
             raise
-        self._settle(entry, result)
+        self._settle_all((key,), entry, (result,))
         return result
 
     async def _append_batch(
         self,
-        keys: list[_Key | None],
-        entries: dict[int, _Entry],
+        claimed: list[_Key | None],
+        entry: _Entry,
         batch: list[Message],
-        fresh: list[int],
         call_next: AppendBatchNext,
     ) -> list[AppendResult]:
+        """Append ``batch`` (of ``WAL.append_many``) whole, and settle the keys of its
+        messages (``claimed``, under ``entry``: None for a message without a key)."""
+        keys = [k for k in claimed if k is not None]
         try:
             appended = await call_next(batch)
         except AppendOutcomeUnknown as exc:
             # Each key is looked up in the log: found ones answer, the rest are released.
-            found: list[AppendResult | None] = []
-            for i in fresh:
-                key, entry = keys[i], entries.get(i)
-                if key is None or entry is None:
-                    found.append(None)  # an unkeyed message cannot be looked up
-                    continue
-                try:
-                    found.append(await self._resolve(key, entry, exc))
-                except AppendOutcomeUnknown as unresolved:
-                    if unresolved is not exc:
-                        raise
-                    found.append(None)
-            if any(r is None for r in found):
+            resolved = iter(await self._resolve_all(keys, entry, exc))
+            found = [None if key is None else next(resolved) for key in claimed]
+            for outcome in found:
+                if isinstance(outcome, Exception) and outcome is not exc:
+                    raise outcome from exc  # the log could not be read: the keys stay blocked
+            if any(not isinstance(outcome, AppendResult) for outcome in found):
                 raise  # a retry appends what is missing and is answered for the rest
-            return [r for r in found if r is not None]
+            return [r for r in found if isinstance(r, AppendResult)]
         except BaseException:
-            for i, entry in entries.items():
-                key = keys[i]
-                assert key is not None
-                self._release(key, entry)  # nothing was written
+            self._release_all(keys, entry)  # nothing was written
             raise
-        for i, result in zip(fresh, appended, strict=True):
-            entry = entries.get(i)
-            if entry is not None:
-                self._settle(entry, result)
+        if len(keys) == len(claimed):
+            self._settle_all(keys, entry, appended)
+        else:
+            self._settle_all(
+                keys, entry, [r for k, r in zip(claimed, appended, strict=True) if k is not None]
+            )
         return appended
 
-    def _settle(self, entry: _Entry, result: AppendResult) -> None:
-        entry.result = result
+    def _settle_all(
+        self, keys: Sequence[_Key], entry: _Entry, results: Sequence[AppendResult]
+    ) -> None:
+        """Settle ``keys``, claimed under ``entry``, with their ``results``."""
+        window = self._window
+        if entry.txn:
+            (entry.result,) = results  # the window keeps the entry: it names a transaction
+        else:
+            # In C loops. Nothing replaced them meanwhile: only a key's owner settles or
+            # releases it, a claim takes only a free key, and eviction skips keys in flight.
+            window.update(zip(keys, results, strict=True))
         self._evict()
 
     # -- looking keys up ------------------------------------------------------------------
@@ -324,7 +474,7 @@ class Dedup:
     async def committed_txn(self, vchannel: str, key: str) -> AppendResult | None:
         """The CommitTxn result of the transaction with ``key`` on ``vchannel``, if one
         committed within the window (waiting for a commit of it in flight); else None."""
-        return await self._settled((vchannel, key), True)
+        return await self._settled(_key(vchannel, key), True)
 
     async def _settled(self, key: _Key, txn: bool) -> AppendResult | None:
         """The result ``key`` settled with; None if it is free (the caller may own it
@@ -332,33 +482,37 @@ class Dedup:
         await self.wait_rebuilt()
         retried = False
         while True:
-            entry = self._window.get(key)
-            if entry is None:
+            slot = self._window.get(key)
+            if slot is None:
                 return None
-            if entry.result is not None:
-                if entry.txn != txn:
-                    raise _kind_mismatch(key, entry.txn)
-                return entry.result
-            owner = entry.owner
+            if isinstance(slot, AppendResult):
+                if txn:
+                    raise _kind_mismatch(key, False)
+                return slot
+            if slot.result is not None:
+                if slot.txn != txn:
+                    raise _kind_mismatch(key, slot.txn)
+                return slot.result
+            owner = slot.owner
             if owner is not None and not owner.done():
                 await asyncio.wait((owner,))  # the owner's outcome, not its caller's
             elif retried:
                 raise AppendOutcomeUnknown(
-                    f"whether the append of key {key[1]!r} on vchannel {key[0]!r} landed is"
+                    f"whether the append of key {_named(key)} landed is"
                     " still unknown: the log could not be read to tell, so the key stays"
                     " blocked (each retry reads it again)"
                 )
             else:  # blocked: read the log again, as this retry's owner
                 retried = True
                 try:
-                    await self._own((entry,), self._resolve_again(key, entry))
+                    await self._own(slot, self._resolve_again(key, slot))
                 except AppendOutcomeUnknown:
                     pass  # still blocked: said above, on the next turn
 
     async def _resolve_again(self, key: _Key, entry: _Entry) -> None:
         """``_resolve`` for a blocked key: settled or released (free to append), unless
         the log still cannot be read (raises ``AppendOutcomeUnknown``)."""
-        unknown = AppendOutcomeUnknown(f"the append of key {key[1]!r} may have landed")
+        unknown = AppendOutcomeUnknown(f"the append of key {_named(key)} may have landed")
         try:
             await self._resolve(key, entry, unknown)
         except AppendOutcomeUnknown as exc:
@@ -369,32 +523,57 @@ class Dedup:
         """Find whether the ambiguous append of ``key`` landed: settle it (found) or
         release it and raise ``error`` (not found). If the log cannot be read, the key
         stays blocked and ``AppendOutcomeUnknown`` says so."""
+        (outcome,) = await self._resolve_all((key,), entry, error)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def _resolve_all(
+        self, keys: Sequence[_Key], entry: _Entry, error: AppendOutcomeUnknown
+    ) -> list[AppendResult | AppendOutcomeUnknown]:
+        """``_resolve`` for the keys of one ambiguous append (claimed under ``entry``), with
+        one read of the log: per key, its result (found: settled), ``error`` (not found:
+        released), or a new ``AppendOutcomeUnknown`` saying it stays blocked (the log could
+        not be read)."""
         context = self._bound()
         try:
-            found = await self._find(context, key, entry.floor)
+            found = await self._find(context, set(keys), entry.floor)
         except (WALError, OSError) as exc:
-            raise AppendOutcomeUnknown(
-                f"{error}; and reading the log to resolve key {key[1]!r} failed ({exc!r}):"
-                " the key stays blocked until the log can be read to tell (each retry reads"
-                " it again)"
-            ) from error
-        if found is None:
-            self._release(key, entry)
-            raise error
-        self._settle(entry, found)
-        return found
+            blocked: list[AppendResult | AppendOutcomeUnknown] = []
+            for key in keys:
+                unknown = AppendOutcomeUnknown(
+                    f"{error}; and reading the log to resolve key {_named(key)} failed ({exc!r}):"
+                    " the key stays blocked until the log can be read to tell (each retry"
+                    " reads it again)"
+                )
+                unknown.__cause__ = error
+                blocked.append(unknown)
+            return blocked
+        outcomes: list[AppendResult | AppendOutcomeUnknown] = []
+        for key in keys:
+            result = found.get(key)
+            if result is None:
+                self._release(key, entry)
+                outcomes.append(error)
+            else:
+                self._settle_all((key,), entry, (result,))
+                outcomes.append(result)
+        return outcomes
 
     async def _find(
-        self, context: InterceptorContext, key: _Key, floor: MessageId | None
-    ) -> AppendResult | None:
+        self, context: InterceptorContext, keys: set[_Key], floor: MessageId | None
+    ) -> dict[_Key, AppendResult]:
+        """The results of the first messages from ``floor`` on that settle ``keys``."""
+        found: dict[_Key, AppendResult] = {}
         latest = await context.latest_message_id()
         if latest is None or (floor is not None and latest < floor):
-            return None
+            return found
         start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
         async for message in read_through(context, start, latest, 0):
-            if _settled_key(message) == key:
-                return _result_of(message)
-        return None
+            key = _settled_key(message)
+            if key in keys and key not in found:
+                found[key] = _result_of(message)
+        return found
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -416,19 +595,58 @@ class Dedup:
         return self._context
 
     def _release(self, key: _Key, entry: _Entry) -> None:
-        if self._window.get(key) is entry:
-            del self._window[key]
+        """Forget ``key``, claimed under ``entry`` (its append wrote nothing)."""
+        window = self._window
+        if window.get(key) is entry:
+            del window[key]
+            self._stale[key] = self._stale.get(key, 0) + 1  # its entry in _order
+            if len(self._order) > 2 * len(window) + 1024:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries of ``_order``: many keys were released (appends that
+        failed) while few settled, so that eviction did not reach them."""
+        stale = self._stale
+        kept: deque[_Key] = deque()
+        for key in self._order:
+            count = stale.get(key)
+            if count is None:
+                kept.append(key)
+            elif count == 1:
+                del stale[key]
+            else:
+                stale[key] = count - 1
+        self._order = kept
+
+    def _release_all(self, keys: Sequence[_Key], entry: _Entry) -> None:
+        for key in keys:
+            self._release(key, entry)
 
     def _evict(self) -> None:
         """Drop the oldest settled keys beyond ``max_keys`` or older than ``max_age``."""
         window = self._window
+        order = self._order
+        stale = self._stale
         context = self._context
         horizon = (context.last_tick() if context is not None else 0) - self._age_ticks
-        while window:
-            key, entry = next(iter(window.items()))
-            if entry.result is None:
+        max_keys = self._max_keys
+        while order:
+            key = order[0]
+            if stale:
+                count = stale.get(key)
+                if count is not None:  # an entry of a key released since
+                    order.popleft()
+                    if count == 1:
+                        del stale[key]
+                    else:
+                        stale[key] = count - 1
+                    continue
+            slot = window[key]
+            result = slot if type(slot) is AppendResult else slot.result  # type: ignore[union-attr]
+            if result is None:
                 break  # the oldest is in flight; the bound is met once it settles
-            if len(window) > self._max_keys or entry.result.timetick < horizon:
+            if len(window) > max_keys or result.timetick < horizon:
+                order.popleft()
                 del window[key]
                 continue
             break
@@ -443,13 +661,29 @@ class Dedup:
             await asyncio.wait(list(self._owners))
 
 
+def _in_flight(slot: _Slot) -> bool:
+    """True for a key whose append is in flight or blocked (no result yet)."""
+    return type(slot) is _Entry and slot.result is None
+
+
 def _settled_key(message: ImmutableMessage) -> _Key | None:
     """The window key a message in the log settles: a keyed message outside
     transactions, or a transaction's CommitTxn."""
     key = message.idempotency_key
     if key is None or (message.txn is not None and message.type is not MessageType.COMMIT_TXN):
         return None
-    return (message.vchannel, key)
+    return _key(message.vchannel, key)
+
+
+def _key(vchannel: str, key: str) -> _Key:
+    """The window key of idempotency key ``key`` on ``vchannel``."""
+    return f"{vchannel}\0{key}" if "\0" not in vchannel else (vchannel, key)
+
+
+def _named(key: _Key) -> str:
+    """A window key as error messages name it: the key, then its vchannel."""
+    vchannel, key_text = key.split("\0", 1) if isinstance(key, str) else key
+    return f"{key_text!r} on vchannel {vchannel!r}"
 
 
 def _result_of(message: ImmutableMessage) -> AppendResult:
@@ -459,7 +693,7 @@ def _result_of(message: ImmutableMessage) -> AppendResult:
 def _kind_mismatch(key: _Key, names_txn: bool) -> InvalidArgument:
     kind = "a transaction" if names_txn else "a message"
     return InvalidArgument(
-        f"idempotency key {key[1]!r} on vchannel {key[0]!r} already names {kind}; a key"
+        f"idempotency key {_named(key)} already names {kind}; a key"
         " names one message or one transaction"
     )
 

@@ -19,16 +19,20 @@ from walsvc.backends._memory import MemoryMessageId
 from walsvc.core._codec import (
     HEADER_SIZE,
     VERSION,
+    are_keyed,
     are_plain,
     count_run,
     decode,
     decode_run,
     decode_split,
     encode,
+    encode_keyed_many,
     encode_plain,
     encode_plain_many,
     encode_plain_message,
     ext_fields,
+    keyed_ext_prefix,
+    last_confirmed_ext,
     peek,
 )
 from walsvc.core._columns import HeaderColumns, decode_columns, gather_payloads, walk_columns
@@ -672,6 +676,69 @@ def test_the_compiled_plain_batch_check_agrees_with_the_python_one(
     assert walsvc.core._compiled.are_plain is not None, "Message's fields were not bound"
     assert are_plain(messages, max_payload) is expected
     assert _in_python(are_plain, messages, max_payload) is expected
+
+
+#: Keys across every msgpack str form (fixstr < 32 bytes, str8, str16, str32), some not ASCII.
+KEYS = st.one_of(
+    st.none(),
+    TEXT,
+    st.builds(lambda c, n: c * n, st.sampled_from(["k", "é", "鍵"]), st.integers(0, 70_000)),
+)
+keyed_messages = st.builds(
+    Message, payload=PAYLOADS, vchannel=TEXT, type=MESSAGE_TYPES, idempotency_key=KEYS
+)
+
+
+@given(
+    st.lists(keyed_messages, max_size=6),
+    st.integers(0, 2**62),
+    U64,
+    st.one_of(st.none(), st.integers(0, 2**63 - 1).map(MemoryMessageId)),
+    st.integers(0, 400_000),
+)
+@example([Message(payload=b"p", vchannel="v", idempotency_key="k" * 31)], 1, 1, None, 10**6)
+@example([Message(payload=b"p", vchannel="v", idempotency_key="k" * 32)], 1, 1, None, 10**6)
+@example([Message(payload=b"p", vchannel="v", idempotency_key="k" * 256)], 1, 1, None, 10**6)
+@example([Message(payload=b"p", vchannel="v", idempotency_key="k" * 65536)], 1, 1, None, 10**6)
+def test_the_keyed_batch_encoder_writes_what_encode_writes(
+    messages: list[Message],
+    first_tick: int,
+    term: int,
+    last_confirmed: MemoryMessageId | None,
+    limit: int,
+) -> None:
+    """Compiled and in Python: byte for byte the envelopes ``encode`` lays out with the
+    same system fields, and None (nothing encoded) exactly when one passes the limit."""
+    ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
+    prefix = keyed_ext_prefix(last_confirmed)
+    expected: list[bytes] | None = [
+        encode(m, timetick=tick, term=term, last_confirmed=last_confirmed)
+        for tick, m in enumerate(messages, first_tick)
+    ]
+    assert expected is not None
+    if any(len(record) > limit for record in expected):
+        expected = None
+    assert walsvc.core._compiled.encode_keyed_batch is not None
+    assert encode_keyed_many(messages, first_tick, term, ext, prefix, limit) == expected
+    assert _in_python(encode_keyed_many, messages, first_tick, term, ext, prefix, limit) == expected
+
+
+@given(
+    st.lists(st.one_of(_maybe_plain(Message), _maybe_plain(_MessageSubclass)), max_size=5),
+    st.integers(0, 14),
+)
+def test_the_compiled_keyed_batch_check_agrees_with_the_python_one(
+    messages: list[Message], max_payload: int
+) -> None:
+    """``are_keyed``: every message a Message itself, with no properties or txn and a
+    payload within ``max_payload`` (keys allowed)."""
+    expected = all(
+        type(m) is Message and not m.properties and m.txn is None and len(m.payload) <= max_payload
+        for m in messages
+    )
+    assert walsvc.core._compiled.are_keyed is not None, "Message's fields were not bound"
+    assert are_keyed(messages, max_payload) is expected
+    assert _in_python(are_keyed, messages, max_payload) is expected
 
 
 @given(plain_or_subclass, st.integers(0, 2**62), U64, st.binary(max_size=40), st.integers(0, 4_000))

@@ -14,8 +14,9 @@ decodes records on the event loop takes its steps under ``turn()``, the per-loop
 budget (``STEP`` units a step, ``DECODE_COST`` a decoded record). An interceptor
 implements ``Interceptor`` and any of the optional capabilities (``BatchInterceptor``,
 ``ReadyInterceptor``, ``ClosingInterceptor``, ``PlainAdmission``,
-``PassesPlainMessages``, ``ManagesTransactions``) against the ``InterceptorContext`` its
-WAL gives it. ARCHITECTURE.md ("Extension points") says what each promises.
+``CoalescingInterceptor``, ``PassesPlainMessages``, ``ManagesTransactions``) against the
+``InterceptorContext`` its WAL gives it. ARCHITECTURE.md ("Extension points") says what
+each promises.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from walsvc.core._chain import (
     BatchInterceptor,
     ChainMember,
     ClosingInterceptor,
+    CoalescingInterceptor,
     Interceptor,
     InterceptorContext,
     ManagesTransactions,
@@ -70,6 +72,7 @@ __all__ = (
     "BatchInterceptor",
     "ChainMember",
     "ClosingInterceptor",
+    "CoalescingInterceptor",
     "EnvelopeHeader",
     "EnvelopeRun",
     "Interceptor",

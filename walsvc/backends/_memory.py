@@ -27,7 +27,7 @@ __all__ = ("MemoryBackend", "MemoryMessageId", "MemorySubscriptionStore", "backe
 
 
 @final
-class MemoryMessageId(SequenceMessageId, frozen=True):
+class MemoryMessageId(SequenceMessageId, frozen=True, gc=False):
     """Position in a ``memory://`` log: a dense sequence number from 0."""
 
     scheme = "memory"

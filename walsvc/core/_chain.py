@@ -25,6 +25,7 @@ __all__ = (
     "BatchInterceptor",
     "ChainMember",
     "ClosingInterceptor",
+    "CoalescingInterceptor",
     "Interceptor",
     "InterceptorContext",
     "ManagesTransactions",
@@ -35,6 +36,7 @@ __all__ = (
     "TxnKeyWindow",
     "build_batch_chain",
     "build_chain",
+    "coalescing_head",
     "is_plain",
     "manages_transactions",
     "passes_plain_messages",
@@ -104,6 +106,30 @@ class BatchInterceptor(Protocol):
     ) -> Awaitable[list[AppendResult]]:
         """Append ``messages`` in order by calling ``call_next`` (or otherwise); may pass
         ``call_next(messages)`` through unawaited, as ``do_append`` may."""
+        ...
+
+
+@runtime_checkable
+class CoalescingInterceptor(Protocol):
+    """Optional: takes the concurrent single appends of messages that are not plain (see
+    ``is_plain``: keyed messages, for ``Dedup``) as one batch, each answered on its own.
+
+    The WAL uses it when the interceptor is the outermost one of its chain, every member
+    below it handles batches and the backend's acks take time: it gathers the appends of
+    such messages started within one loop iteration (``walsvc.write._coalesce``) and
+    calls ``do_append_coalesced`` with them once, in a task of its own that no caller's
+    cancellation reaches and that runs to its end (the WAL's close waits for it). A
+    caller cancelled before the call leaves its message out of it.
+    """
+
+    def do_append_coalesced(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> Awaitable[Sequence[AppendResult | Exception | None]]:
+        """Append ``messages``, of independent callers (nothing orders them), through
+        ``call_next`` (the rest of the chain for a batch: contiguous, in order) or
+        otherwise; return one outcome per message: its result, the error its caller gets,
+        or None, which has the WAL append that message on its own, through
+        ``do_append`` (for one that must wait for something, say)."""
         ...
 
 
@@ -312,6 +338,22 @@ def build_batch_chain(
                 return None
             call = _bind_batch(member.do_append_batch, call)
     return call
+
+
+def coalescing_head(
+    members: Sequence[ChainMember], terminal: AppendBatchNext
+) -> tuple[CoalescingInterceptor, AppendBatchNext] | None:
+    """The outermost interceptor of ``members`` and the batch chain below it around
+    ``terminal``, if that interceptor is a ``CoalescingInterceptor`` and every member
+    below it handles batches; else None."""
+    interceptors = [i for i, member in enumerate(members) if isinstance(member, Interceptor)]
+    if not interceptors:
+        return None
+    head = members[interceptors[0]]
+    if not isinstance(head, CoalescingInterceptor):
+        return None
+    below = build_batch_chain(members[interceptors[0] + 1 :], terminal)
+    return None if below is None else (head, below)
 
 
 def plain_admitters(members: Iterable[ChainMember]) -> tuple[PlainAdmission, ...] | None:

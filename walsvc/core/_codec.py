@@ -39,6 +39,7 @@ __all__ = (
     "HEADER_SIZE",
     "VERSION",
     "EnvelopeHeader",
+    "are_keyed",
     "are_plain",
     "count_run",
     "decode",
@@ -46,10 +47,12 @@ __all__ = (
     "decode_run",
     "decode_split",
     "encode",
+    "encode_keyed_many",
     "encode_plain",
     "encode_plain_many",
     "encode_plain_message",
     "ext_fields",
+    "keyed_ext_prefix",
     "last_confirmed_ext",
     "last_timetick_of_run",
     "offset_after",
@@ -205,6 +208,61 @@ def are_plain(messages: list[Message], max_payload: int) -> bool:
         ):
             return False
     return True
+
+
+def are_keyed(messages: list[Message], max_payload: int) -> bool:
+    """``are_plain``, but a message may carry an idempotency key: a batch
+    ``encode_keyed_many`` takes. Compiled when walsvc was built with
+    ``walsvc/core/_speedups.c``."""
+    if _compiled.are_keyed is not None:
+        return _compiled.are_keyed(messages, max_payload)
+    for message in messages:
+        if (
+            type(message) is not Message
+            or message.properties
+            or type(message.idempotency_key) not in (str, type(None))
+            or message.txn is not None
+            or len(message.payload) > max_payload
+        ):
+            return False
+    return True
+
+
+def encode_keyed_many(
+    messages: list[Message], first_tick: int, term: int, ext: bytes, keyed_ext: bytes, limit: int
+) -> list[bytes] | None:
+    """``encode_plain_many`` for messages that may carry an idempotency key (none with
+    properties or txn): a message without one gets ``ext``, one with key k gets
+    ``keyed_ext`` (``keyed_ext_prefix`` of the same last-confirmed id) and k, so that each
+    envelope is the one ``encode`` lays out. None if one would pass ``limit`` bytes.
+    Compiled when walsvc was built with ``walsvc/core/_speedups.c``."""
+    if _compiled.encode_keyed_batch is not None:
+        return _compiled.encode_keyed_batch(
+            messages, first_tick, term, ext, keyed_ext, limit, _vchannel_utf8, _vchannel_entry
+        )
+    records = []
+    for tick, message in enumerate(messages, first_tick):
+        key = message.idempotency_key
+        record = encode_plain(
+            message.type,
+            message.vchannel,
+            message.payload,
+            tick,
+            term,
+            ext if key is None else keyed_ext + _ext_encode(key),
+        )
+        if len(record) > limit:
+            return None
+        records.append(record)
+    return records
+
+
+def keyed_ext_prefix(last_confirmed: MessageId | None) -> bytes:
+    """The ext section of a message whose ext fields are its last-confirmed id and an
+    idempotency key, without the key (a msgpack str) that ends it."""
+    lc = None if last_confirmed is None else last_confirmed.marshal()
+    # An empty key is one byte (0xa0), the last: what precedes it is every other key's.
+    return _ext_encode(_Ext({}, lc, None, ""))[:-1]
 
 
 def last_confirmed_ext(last_confirmed: MessageId) -> bytes:

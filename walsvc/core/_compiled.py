@@ -7,8 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = (
+    "are_keyed",
     "are_plain",
     "decode_columns_into",
+    "encode_keyed_batch",
     "encode_plain_batch",
     "encode_plain_one",
     "gather_payloads",
@@ -19,6 +21,7 @@ __all__ = (
 decode_columns_into: Callable[..., None] | None
 gather_payloads: Callable[[bytes | memoryview, list[int], list[int]], tuple[bytes, bytes]] | None
 encode_plain_batch: Callable[..., list[bytes] | None] | None
+encode_keyed_batch: Callable[..., list[bytes] | None] | None
 encode_plain_one: Callable[..., bytes | None] | None
 numbered_strings: Callable[[bytes, int, int], tuple[bytes, bytes]] | None
 match_hashes: (
@@ -28,12 +31,14 @@ match_hashes: (
     | None
 )
 are_plain: Callable[[list[Any], int], bool] | None
+are_keyed: Callable[[list[Any], int], bool] | None
 
 try:
     from . import _speedups
 except ImportError:
     decode_columns_into = gather_payloads = numbered_strings = match_hashes = None
     encode_plain_batch = encode_plain_one = are_plain = None
+    encode_keyed_batch = are_keyed = None
 else:
     decode_columns_into = _speedups.decode_columns_into
     gather_payloads = _speedups.gather_payloads
@@ -42,10 +47,16 @@ else:
     numbered_strings = _speedups.numbered_strings
     match_hashes = _speedups.match_hashes
     # The message encoders read walsvc.Message's fields from their slots once bound; if
-    # binding fails they read them by name, and are_plain cannot answer.
+    # binding fails they read them by name, and are_plain cannot answer (nor can
+    # are_keyed, and encode_keyed_batch, which reads the key from its slot, is not used).
     from ._message import Message
 
-    are_plain = _speedups.are_plain if _speedups.bind_message(Message) else None
+    if _speedups.bind_message(Message):
+        are_plain = _speedups.are_plain
+        are_keyed = _speedups.are_keyed
+        encode_keyed_batch = _speedups.encode_keyed_batch
+    else:
+        are_plain = are_keyed = encode_keyed_batch = None
 
 
 def available() -> dict[str, Any]:

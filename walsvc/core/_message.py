@@ -136,13 +136,14 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     txn: TxnContext | None = None
 
     def __post_init__(self) -> None:
-        if (  # the common message: checked in one expression
+        key = self.idempotency_key
+        if (  # the common message, keyed or not: checked in one expression
             type(self.payload) is bytes
             and type(self.vchannel) is str
             and type(self.type) is MessageType
             and type(self.properties) is dict
             and not self.properties
-            and self.idempotency_key is None
+            and (key is None or (type(key) is str and key.isascii()))
             and self.txn is None
             and self.vchannel.isascii()
             and len(self.vchannel) <= _MAX_VCHANNEL_BYTES
@@ -265,9 +266,13 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
         return Checkpoint(self.last_confirmed_id, self.durable_tick)
 
 
-class AppendResult(msgspec.Struct, frozen=True):
+class AppendResult(msgspec.Struct, frozen=True, gc=False):
     """Where an appended message landed: its id, the timetick the WAL assigned, and its
     last-confirmed id (with the timetick, a checkpoint a reader can resume from)."""
+
+    # gc=False: never tracked by the cycle collector (ids and ints cannot form a cycle).
+    # The dedup window keeps one per key (100k by default): tracked, they made every
+    # full collection walk them all.
 
     message_id: MessageId
     timetick: int

@@ -36,6 +36,16 @@
  * the same for one message with timetick `tick` (the WAL's single appends); a fast call
  * (no argument tuple), since it runs once per append.
  *
+ * encode_keyed_batch(messages, first_tick, term, ext, keyed_ext, limit, names, resolve)
+ *     -> list | None
+ *
+ * encode_plain_batch for messages that may carry an idempotency key (walsvc.Message
+ * objects without properties or txn): a message without one gets the ext section `ext`,
+ * one with key k gets `keyed_ext` followed by k as a msgpack str (the shortest form, as
+ * msgspec writes it). `keyed_ext` is the msgpack of the ext Struct with that key left out
+ * of its end (walsvc.core._codec.keyed_ext_prefix), so each envelope is byte for byte
+ * what walsvc.core._codec.encode lays out: the keyed appends the WAL coalesces.
+ *
  * bind_message(cls) -> bool
  *
  * finds the slot of each field of walsvc.Message (`cls`; msgspec stores a Struct's fields
@@ -49,6 +59,11 @@
  * with no properties, key or txn and a payload of at most `max_payload` bytes: a batch
  * encode_plain_batch can take. False for any other batch, and always before
  * bind_message succeeded.
+ *
+ * are_keyed(messages, max_payload) -> bool
+ *
+ * the same, but a message may carry an idempotency key (a str): a batch
+ * encode_keyed_batch can take.
  *
  * numbered_strings(prefix, first, count) -> (offsets, values)
  *
@@ -371,8 +386,9 @@ bind_message(PyObject *Py_UNUSED(module), PyObject *cls)
     Py_RETURN_TRUE;
 }
 
+/* are_plain (keyed 0) and are_keyed (keyed 1). */
 static PyObject *
-are_plain(PyObject *Py_UNUSED(module), PyObject *args)
+check_batch(PyObject *args, int keyed)
 {
     PyObject *messages;
     Py_ssize_t max_payload;
@@ -390,13 +406,27 @@ are_plain(PyObject *Py_UNUSED(module), PyObject *args)
         }
         PyObject *payload = slot_of(message, F_PAYLOAD);
         PyObject *properties = slot_of(message, F_PROPERTIES);
+        PyObject *key = slot_of(message, F_KEY);
         if (!PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) > max_payload ||
             !PyDict_CheckExact(properties) || PyDict_GET_SIZE(properties) != 0 ||
-            slot_of(message, F_KEY) != Py_None || slot_of(message, F_TXN) != Py_None) {
+            !(key == Py_None || (keyed && PyUnicode_CheckExact(key))) ||
+            slot_of(message, F_TXN) != Py_None) {
             Py_RETURN_FALSE;
         }
     }
     Py_RETURN_TRUE;
+}
+
+static PyObject *
+are_plain(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    return check_batch(args, 0);
+}
+
+static PyObject *
+are_keyed(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    return check_batch(args, 1);
 }
 
 static void
@@ -421,10 +451,11 @@ write64(unsigned char *p, uint64_t v)
 }
 
 /* The envelope of one message, or NULL with an exception set, or Py_None (a new
- * reference) if it would pass `limit`. */
+ * reference) if it would pass `limit`. With `keyed_ext` (not NULL) a message whose key is
+ * a str gets keyed_ext + the key as a msgpack str for its ext section, instead of `ext`. */
 static PyObject *
-encode_one(PyObject *message, uint64_t tick, uint64_t term, PyObject *ext, Py_ssize_t limit,
-           PyObject *names, PyObject *resolve)
+encode_one(PyObject *message, uint64_t tick, uint64_t term, PyObject *ext, PyObject *keyed_ext,
+           Py_ssize_t limit, PyObject *names, PyObject *resolve)
 {
     PyObject *type_obj = NULL, *vchannel = NULL, *payload = NULL, *entry = NULL;
     PyObject *record = NULL;
@@ -467,7 +498,61 @@ encode_one(PyObject *message, uint64_t tick, uint64_t term, PyObject *ext, Py_ss
     if (vc_hash == (unsigned long)-1 && PyErr_Occurred()) {
         goto done;
     }
+    /* The key, as a msgpack str after keyed_ext: its header (at most 5 bytes) and UTF-8. */
+    const char *key_utf8 = NULL;
+    Py_ssize_t key_len = 0;
+    unsigned char key_header[5];
+    Py_ssize_t key_header_len = 0;
+    if (keyed_ext != NULL) {
+        PyObject *key = Py_TYPE(message) == bound_type ? slot_of(message, F_KEY) : NULL;
+        if (key == NULL) {
+            PyErr_SetString(PyExc_TypeError, "encode_keyed_batch takes walsvc.Message objects");
+            goto done;
+        }
+        if (key != Py_None) {
+            if (!PyUnicode_Check(key)) {
+                PyErr_SetString(PyExc_TypeError, "an idempotency key must be a str");
+                goto done;
+            }
+            key_utf8 = PyUnicode_AsUTF8AndSize(key, &key_len);
+            if (key_utf8 == NULL) {
+                goto done;
+            }
+            if (key_len < 32) {
+                key_header[0] = (unsigned char)(0xa0 | key_len);
+                key_header_len = 1;
+            }
+            else if (key_len < 0x100) {
+                key_header[0] = 0xd9;
+                key_header[1] = (unsigned char)key_len;
+                key_header_len = 2;
+            }
+            else if (key_len < 0x10000) {
+                key_header[0] = 0xda;
+                key_header[1] = (unsigned char)(key_len >> 8);
+                key_header[2] = (unsigned char)key_len;
+                key_header_len = 3;
+            }
+            else if (key_len <= (Py_ssize_t)UINT32_MAX) {
+                key_header[0] = 0xdb;
+                key_header[1] = (unsigned char)(key_len >> 24);
+                key_header[2] = (unsigned char)(key_len >> 16);
+                key_header[3] = (unsigned char)(key_len >> 8);
+                key_header[4] = (unsigned char)key_len;
+                key_header_len = 5;
+            }
+            else {
+                record = Py_NewRef(Py_None); /* too large for any envelope */
+                goto done;
+            }
+            ext = keyed_ext;
+        }
+    }
     Py_ssize_t vc_len = PyBytes_GET_SIZE(utf8), ext_len = PyBytes_GET_SIZE(ext);
+    Py_ssize_t prefix_len = ext_len;
+    if (key_utf8 != NULL) {
+        ext_len += key_header_len + key_len;
+    }
     Py_ssize_t payload_len = PyBytes_GET_SIZE(payload);
     Py_ssize_t total = HEADER_SIZE + vc_len + ext_len + payload_len;
     if (total > limit || total > (Py_ssize_t)UINT32_MAX || vc_len > 0xFFFF) {
@@ -491,7 +576,11 @@ encode_one(PyObject *message, uint64_t tick, uint64_t term, PyObject *ext, Py_ss
     write32(p + 32, (uint32_t)ext_len);
     p += HEADER_SIZE;
     memcpy(p, PyBytes_AS_STRING(utf8), (size_t)vc_len);
-    memcpy(p + vc_len, PyBytes_AS_STRING(ext), (size_t)ext_len);
+    memcpy(p + vc_len, PyBytes_AS_STRING(ext), (size_t)prefix_len);
+    if (key_utf8 != NULL) {
+        memcpy(p + vc_len + prefix_len, key_header, (size_t)key_header_len);
+        memcpy(p + vc_len + prefix_len + key_header_len, key_utf8, (size_t)key_len);
+    }
     memcpy(p + vc_len + ext_len, PyBytes_AS_STRING(payload), (size_t)payload_len);
 done:
     Py_XDECREF(entry);
@@ -518,7 +607,39 @@ encode_plain_batch(PyObject *Py_UNUSED(module), PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *record = encode_one(PyList_GET_ITEM(messages, i), first_tick + (uint64_t)i,
-                                      term, ext, limit, names, resolve);
+                                      term, ext, NULL, limit, names, resolve);
+        if (record == NULL || record == Py_None) {
+            Py_DECREF(records);
+            return record; /* NULL: the error; None: too large */
+        }
+        PyList_SET_ITEM(records, i, record);
+    }
+    return records;
+}
+
+static PyObject *
+encode_keyed_batch(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *messages, *ext, *keyed_ext, *names, *resolve;
+    unsigned long long first_tick, term;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "O!KKO!O!nO!O", &PyList_Type, &messages, &first_tick, &term,
+                          &PyBytes_Type, &ext, &PyBytes_Type, &keyed_ext, &limit, &PyDict_Type,
+                          &names, &resolve)) {
+        return NULL;
+    }
+    if (bound_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "encode_keyed_batch needs bind_message first");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    PyObject *records = PyList_New(n);
+    if (records == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *record = encode_one(PyList_GET_ITEM(messages, i), first_tick + (uint64_t)i,
+                                      term, ext, keyed_ext, limit, names, resolve);
         if (record == NULL || record == Py_None) {
             Py_DECREF(records);
             return record; /* NULL: the error; None: too large */
@@ -551,7 +672,7 @@ encode_plain_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "encode_plain_one needs ext bytes and a names dict");
         return NULL;
     }
-    return encode_one(args[0], tick, term, args[3], limit, args[5], args[6]);
+    return encode_one(args[0], tick, term, args[3], NULL, limit, args[5], args[6]);
 }
 
 static PyObject *
@@ -718,8 +839,12 @@ static PyMethodDef methods[] = {
      "The envelope of one plain message, see the module comment."},
     {"bind_message", bind_message, METH_O,
      "Read walsvc.Message's fields from their slots, see the module comment."},
+    {"encode_keyed_batch", encode_keyed_batch, METH_VARARGS,
+     "The envelopes of a batch of messages with or without keys, see the module comment."},
     {"are_plain", are_plain, METH_VARARGS,
      "Whether encode_plain_batch can take a batch, see the module comment."},
+    {"are_keyed", are_keyed, METH_VARARGS,
+     "Whether encode_keyed_batch can take a batch, see the module comment."},
     {"numbered_strings", numbered_strings, METH_VARARGS,
      "prefix + str(first + i) as an Arrow string column's buffers, see the module comment."},
     {"match_hashes", match_hashes, METH_VARARGS,

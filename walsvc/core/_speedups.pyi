@@ -31,6 +31,17 @@ def encode_plain_batch(
     resolve: Callable[[str], tuple[bytes, int]],
     /,
 ) -> list[bytes] | None: ...
+def encode_keyed_batch(
+    messages: list[Any],
+    first_tick: int,
+    term: int,
+    ext: bytes,
+    keyed_ext: bytes,
+    limit: int,
+    names: dict[str, tuple[bytes, int]],
+    resolve: Callable[[str], tuple[bytes, int]],
+    /,
+) -> list[bytes] | None: ...
 def encode_plain_one(
     message: Any,
     tick: int,
@@ -44,6 +55,7 @@ def encode_plain_one(
 def numbered_strings(prefix: bytes, first: int, count: int, /) -> tuple[bytes, bytes]: ...
 def bind_message(cls: type, /) -> bool: ...
 def are_plain(messages: list[Any], max_payload: int, /) -> bool: ...
+def are_keyed(messages: list[Any], max_payload: int, /) -> bool: ...
 def match_hashes(
     data: bytes | memoryview,
     start: int,

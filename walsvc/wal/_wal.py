@@ -2,7 +2,7 @@
 
 The path of an append: ``append`` checks the WAL is writable and the message is a user
 message, waits (once) for the interceptors to be ready, then runs the interceptor chain
-(concurrent plain appends together, as one batch: see ``walsvc.write._coalesce``).
+(concurrent appends together, as one batch: see ``walsvc.write._coalesce``).
 The chain ends at the serialization point (``walsvc.write._serialization``), which in one
 synchronous step allocates the timetick, takes the last-confirmed id, encodes the
 envelope and hands it to the backend, whose ``append`` call orders the log: log order
@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Final, final
 
 from scanners._tail_cache import CacheStats, TailCache
 from walsvc.backends._base import Backend
 from walsvc.backends._subscriptions import SubscriptionScope
 from walsvc.core._chain import (
+    AppendBatchNext,
     AppendNext,
     ChainMember,
     ClosingInterceptor,
+    CoalescingInterceptor,
     PlainAdmission,
     ReadyInterceptor,
     TickListener,
     TxnKeyWindow,
     build_batch_chain,
     build_chain,
+    coalescing_head,
     is_plain,
     manages_transactions,
     plain_admitters,
@@ -48,7 +51,7 @@ from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message, MessageTyp
 from walsvc.core._timetick import TimetickAllocator
 from walsvc.read._scanner import LocalScanner, Subscription
 from walsvc.read._source import LogSource
-from walsvc.write._coalesce import AppendCoalescer
+from walsvc.write._coalesce import AppendCoalescer, AppendEach, KeyedCoalescer
 from walsvc.write._serialization import SerializationPoint
 from walsvc.write._txn import Txn
 
@@ -120,6 +123,7 @@ class LocalWAL(WAL):
         "_closed",
         "_coalescer",
         "_immediate_acks",
+        "_keyed_coalescer",
         "_members",
         "_newest_at_open",
         "_plain_admitters",
@@ -180,6 +184,11 @@ class LocalWAL(WAL):
             if self._plain_batch_chain is not None and not backend.immediate_acks
             else None
         )
+        # Concurrent keyed appends likewise, through the chain's outermost interceptor
+        # when it takes them together (Dedup, see CoalescingInterceptor); on every
+        # backend, since a keyed append alone runs as a task of its own anyway.
+        head = coalescing_head(self._members, point.serialize_batch)
+        self._keyed_coalescer = None if head is None else KeyedCoalescer(_each(*head))
         #: The newest id in the log when this writer opened (the tail cache's first floor).
         self._newest_at_open: MessageId | None = None
         self._tick_listeners: list[TickListener] = []
@@ -318,6 +327,11 @@ class LocalWAL(WAL):
             finally:
                 for member in admitters:
                     member.release_plain(message)
+        keyed = self._keyed_coalescer
+        if keyed is not None:
+            result = await keyed.submit(message)
+            if result is not None:
+                return result  # else its interceptor wants it appended on its own
         return await self._chain(message)
 
     async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
@@ -325,7 +339,8 @@ class LocalWAL(WAL):
 
         Messages are validated first: if one is invalid none is appended. When every
         interceptor handles batches (the default chain does, for messages without
-        idempotency keys or exclusive types) the batch lands contiguously in the log.
+        exclusive types; keyed messages included) the batch lands contiguously in the
+        log.
         """
         self._check_writable()
         batch = list(messages)
@@ -540,6 +555,8 @@ class LocalWAL(WAL):
             await asyncio.gather(ready, return_exceptions=True)
         if self._coalescer is not None:
             await self._coalescer.drain()
+        if self._keyed_coalescer is not None:
+            await self._keyed_coalescer.drain()
         errors: list[BaseException] = []
         for member in reversed(self._members):
             if isinstance(member, ClosingInterceptor):
@@ -573,6 +590,17 @@ def _start_failed(pchannel: str, error: BaseException) -> WALError:
     if isinstance(error, WALError):
         return type(error)(message)
     return WALError(f"WAL {pchannel!r} could not start its writer: {error!r}")
+
+
+def _each(head: CoalescingInterceptor, below: AppendBatchNext) -> AppendEach:
+    """``head.do_append_coalesced`` over the batch chain ``below`` it."""
+
+    def append_each(
+        messages: Sequence[Message],
+    ) -> Awaitable[Sequence[AppendResult | Exception | None]]:
+        return head.do_append_coalesced(messages, below)
+
+    return append_each
 
 
 def _admit(admitters: tuple[PlainAdmission, ...], message: Message) -> bool:

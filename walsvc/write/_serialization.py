@@ -25,11 +25,14 @@ from scanners._tail_cache import TailCache
 from walsvc.backends._base import Backend
 from walsvc.core._codec import (
     HEADER_SIZE,
+    are_keyed,
     are_plain,
     encode,
+    encode_keyed_many,
     encode_plain,
     encode_plain_many,
     encode_plain_message,
+    keyed_ext_prefix,
     last_confirmed_ext,
 )
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge, WALError
@@ -55,6 +58,8 @@ class SerializationPoint:
         "_confirmed_tick",
         "_ext",
         "_ext_id",
+        "_keyed_ext",
+        "_keyed_ext_id",
         "_max_message_size",
         "_max_payload",
         "_term",
@@ -97,6 +102,9 @@ class SerializationPoint:
         self._confirmed_tick = 0
         self._ext_id: MessageId | None = None  # the last-confirmed id _ext encodes
         self._ext = b""
+        # The same for the ext section of keyed messages, but for the key that ends it.
+        self._keyed_ext_id: MessageId | None = None
+        self._keyed_ext = keyed_ext_prefix(None)
 
     def last_confirmed_id(self) -> MessageId | None:
         """The last-confirmed id a message serialized now would carry at the least: the
@@ -209,13 +217,18 @@ class SerializationPoint:
     ) -> tuple[list[bytes], Sequence[int], Iterable[MessageId | None]]:
         """``encode`` for a batch: the records, their ticks and their last-confirmed ids.
         Consecutive ticks from one allocator call, one last-confirmed id and ext section
-        and one call of the (compiled) batch encoder when no message has properties, a
-        key or a txn; else message by message."""
+        and one call of the (compiled) batch encoder when no message has properties or a
+        txn (keys are welcome: coalesced keyed appends); else message by message."""
         if self.on_activity is not None:
             self.on_activity()
         allocate_many = getattr(self._allocator, "allocate_many", None)
         batch = messages if type(messages) is list else list(messages)
-        if allocate_many is None or not are_plain(batch, self._max_payload):
+        keyed = False
+        if allocate_many is not None and not are_plain(batch, self._max_payload):
+            keyed = are_keyed(batch, self._max_payload)
+            if not keyed:
+                allocate_many = None
+        if allocate_many is None:
             max_payload = self._max_payload
             for message in batch:  # a payload too large fails the batch before any tick
                 if len(message.payload) > max_payload:
@@ -237,13 +250,17 @@ class SerializationPoint:
             self._ext_id = last_confirmed
             self._ext = b"" if last_confirmed is None else last_confirmed_ext(last_confirmed)
         limit = self._max_message_size
-        records = encode_plain_many(batch, first, self._term, self._ext, limit)
+        if keyed:
+            if last_confirmed is not self._keyed_ext_id:
+                self._keyed_ext_id = last_confirmed
+                self._keyed_ext = keyed_ext_prefix(last_confirmed)
+            records = encode_keyed_many(batch, first, self._term, self._ext, self._keyed_ext, limit)
+        else:
+            records = encode_plain_many(batch, first, self._term, self._ext, limit)
         if records is None:
             for tick, message in enumerate(batch, first):
                 size = len(
-                    encode_plain(
-                        message.type, message.vchannel, message.payload, tick, self._term, self._ext
-                    )
+                    encode(message, timetick=tick, term=self._term, last_confirmed=last_confirmed)
                 )
                 if size > limit:
                     raise MessageTooLarge(

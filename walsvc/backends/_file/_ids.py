@@ -10,7 +10,7 @@ __all__ = ("FileMessageId",)
 
 
 @final
-class FileMessageId(SequenceMessageId, frozen=True):
+class FileMessageId(SequenceMessageId, frozen=True, gc=False):
     """Position in a ``file://`` log: a dense sequence number from 0."""
 
     scheme = "file"

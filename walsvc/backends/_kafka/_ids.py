@@ -10,7 +10,7 @@ __all__ = ("KafkaMessageId",)
 
 
 @final
-class KafkaMessageId(SequenceMessageId, frozen=True):
+class KafkaMessageId(SequenceMessageId, frozen=True, gc=False):
     """Position in a ``kafka://`` pchannel: the record's offset in its one-partition topic.
 
     Offsets are not dense from the reader's side: barriers and invalid records (a fenced

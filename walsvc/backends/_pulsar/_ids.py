@@ -16,7 +16,7 @@ __all__ = ("PulsarMessageId",)
 
 
 @final
-class PulsarMessageId(msgspec.Struct, MessageId, frozen=True):
+class PulsarMessageId(msgspec.Struct, MessageId, frozen=True, gc=False):
     """A position in one pchannel's Pulsar topic: (ledger, entry, batch index, partition).
 
     Ordered by (ledger, entry, batch index), which is Pulsar's storage order within one
