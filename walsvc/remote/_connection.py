@@ -26,6 +26,7 @@ from ._protocol import (
     FRAME_HEADER,
     MAX_FRAME_BYTES,
     NODE_VERSIONS,
+    AckFailed,
     Appended,
     CloseStream,
     Delivered,
@@ -233,6 +234,10 @@ class Connection:
                     if message.code == ErrorCode.OK
                     else error_from(message.code, message.message)
                 )
+        elif isinstance(message, AckFailed):
+            scanner = self._streams.get(message.stream)
+            if scanner is not None:
+                scanner._ack_failed(error_from(message.code, message.message))
         elif isinstance(message, Welcome | Refused):
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
         else:

@@ -26,10 +26,13 @@ from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALReadOnly
 from walsvc.core._filter import Filter
 from walsvc.core._ids import unmarshal_message_id
-from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.core._message import ImmutableMessage, MessageType
+from walsvc.read._scanner import LocalScanner
 from walsvc.remote._frames import FrameWriter, read_frame
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
+    Ack,
+    AckFailed,
     Append,
     Appended,
     AppendMany,
@@ -37,10 +40,12 @@ from walsvc.remote._protocol import (
     CloseStream,
     CloseWal,
     Credit,
+    DeleteSubscription,
     Delivered,
     Done,
     ErrorCode,
     Failed,
+    Flush,
     Hello,
     LatestId,
     LatestIdIs,
@@ -49,15 +54,23 @@ from walsvc.remote._protocol import (
     Read,
     Refused,
     StreamEnded,
+    Truncate,
+    TxnAppend,
+    TxnBegin,
+    TxnCommit,
+    TxnResume,
+    TxnRollback,
     Welcome,
     WireDelivered,
-    WireMessage,
-    WireResult,
     error_code,
     negotiate,
 )
 from walsvc.wal._open import open_wal
 from walsvc.wal._wal import LocalWAL
+
+from ._subscriptions import acknowledge, close_scanner
+from ._txns import NodeTxns, TxnRequest
+from ._wire import message_of, wire_result
 
 __all__ = ("NodeServer", "serve")
 
@@ -69,13 +82,7 @@ _HANDSHAKE_TIMEOUT: Final = 10.0
 #: Largest payload bytes in one ``Delivered`` message (a frame holds several).
 _DELIVERY_BYTES: Final = 1024 * 1024
 _TYPES: Final = {int(t): t for t in MessageType}
-
-
-def _wire_result(result: AppendResult) -> WireResult:
-    lc = result.last_confirmed_id
-    return WireResult(
-        result.message_id.marshal(), result.timetick, None if lc is None else lc.marshal()
-    )
+_TXN_REQUESTS: Final = (TxnBegin, TxnResume, TxnAppend, TxnCommit, TxnRollback)
 
 
 def _wire_delivered(m: ImmutableMessage) -> WireDelivered:
@@ -106,25 +113,17 @@ def _cost(m: ImmutableMessage) -> int:
     return cost
 
 
-def _message(wire: WireMessage) -> Message:
-    type_ = _TYPES.get(wire.type)
-    return Message(
-        payload=wire.payload,
-        vchannel=wire.vchannel,
-        type=wire.type if type_ is None else type_,  # type: ignore[arg-type]
-        properties=wire.properties,
-        idempotency_key=wire.idempotency_key,
-    )
-
-
 @final
 class _Stream:
-    """One client stream: its scanner's pump and its credit."""
+    """One client stream: its scanner's pump and its credit; what closing the scanner
+    raised (a subscription's last checkpoint write), once the pump was cancelled."""
 
-    __slots__ = ("bytes", "credit", "messages", "task", "wal")
+    __slots__ = ("bytes", "close_error", "credit", "messages", "scanner", "task", "wal")
 
-    def __init__(self, wal: int, messages: int, bytes_: int) -> None:
+    def __init__(self, wal: int, scanner: LocalScanner, messages: int, bytes_: int) -> None:
         self.wal = wal
+        self.scanner = scanner
+        self.close_error: Exception | None = None
         self.messages = messages
         self.bytes = bytes_
         self.credit = asyncio.Event()
@@ -178,10 +177,16 @@ class _Session:
             self._spawn(self._open(message))
         elif isinstance(message, CloseWal):
             self._handles.pop(message.wal, None)
-            for number, stream in list(self._streams.items()):
-                if stream.wal == message.wal:
-                    self._close_stream(number)
-            self._send(Done(message.request))
+            closing = [n for n, s in self._streams.items() if s.wal == message.wal]
+            self._spawn(self._close_wal(message.request, closing))
+        elif isinstance(message, _TXN_REQUESTS):
+            self._spawn(self._txn(message))
+        elif isinstance(message, Ack):
+            self._ack(message)
+        elif isinstance(message, Flush):
+            self._spawn(self._flush(message))
+        elif isinstance(message, Truncate | DeleteSubscription):
+            self._spawn(self._admin(message))
         else:
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
 
@@ -211,20 +216,20 @@ class _Session:
 
     async def _append(self, request: Append) -> None:
         try:
-            result = await self._writable(request.wal).append(_message(request.message))
+            result = await self._writable(request.wal).append(message_of(request.message))
         except Exception as exc:
             self._fail(request.request, exc)
             return
-        self._send(Appended(request.request, [_wire_result(result)]))
+        self._send(Appended(request.request, [wire_result(result)]))
 
     async def _append_many(self, request: AppendMany) -> None:
         try:
             wal = self._writable(request.wal)
-            results = await wal.append_many([_message(m) for m in request.messages])
+            results = await wal.append_many([message_of(m) for m in request.messages])
         except Exception as exc:
             self._fail(request.request, exc)
             return
-        self._send(Appended(request.request, [_wire_result(r) for r in results]))
+        self._send(Appended(request.request, [wire_result(r) for r in results]))
 
     async def _latest(self, request: LatestId) -> None:
         try:
@@ -233,6 +238,73 @@ class _Session:
             self._fail(request.request, exc)
             return
         self._send(LatestIdIs(request.request, None if latest is None else latest.marshal()))
+
+    async def _txn(self, request: TxnRequest) -> None:
+        try:
+            answer = await self._node.txns.answer(self._writable(request.wal), request)
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(answer)
+
+    def _ack(self, ack: Ack) -> None:
+        stream = self._streams.get(ack.stream)
+        if stream is None:
+            return  # ended: the client learns it from StreamEnded
+        try:
+            acknowledge(stream.scanner, ack)
+        except Exception as exc:
+            if not isinstance(exc, WALError):
+                _log.exception("an ack of stream %d of %s failed", ack.stream, self._peer)
+            self._send(AckFailed(ack.stream, error_code(exc), str(exc)))
+
+    async def _flush(self, request: Flush) -> None:
+        try:
+            if request.close:
+                await self._end_stream(request.stream)
+            else:
+                stream = self._streams.get(request.stream)
+                if stream is not None:
+                    await stream.scanner.flush()
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(Done(request.request))
+
+    async def _end_stream(self, number: int) -> None:
+        """Stop the stream and close its scanner; raise what the close raised. The
+        stream stays listed until its scanner closed, so a ``CloseWal`` meanwhile waits
+        for it too."""
+        stream = self._streams.get(number)
+        if stream is None or stream.task is None:
+            return
+        stream.task.cancel()
+        await asyncio.gather(stream.task, return_exceptions=True)
+        self._streams.pop(number, None)
+        if stream.close_error is not None:
+            raise stream.close_error
+
+    async def _close_wal(self, request: int | None, streams: list[int]) -> None:
+        # Answered once the streams' scanners closed: their subscriptions' checkpoints
+        # are written and their names free for the next reader.
+        for number in streams:
+            with contextlib.suppress(Exception):
+                await self._end_stream(number)
+            self._send(StreamEnded(number, ErrorCode.OK, ""))
+        if request is not None:
+            self._send(Done(request))
+
+    async def _admin(self, request: Truncate | DeleteSubscription) -> None:
+        try:
+            if isinstance(request, Truncate):
+                wal = self._writable(request.wal)
+                await wal.truncate(unmarshal_message_id(request.message_id))
+            else:
+                await self._wal(request.wal)[0].delete_subscription(request.name)
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(Done(request.request))
 
     def _read(self, request: Read) -> None:
         if request.stream in self._streams:
@@ -263,18 +335,20 @@ class _Session:
                 timeticks=request.timeticks,
                 raw=request.raw,
                 txn_buffer_bytes=request.txn_buffer_bytes,
+                subscription=request.subscription,
+                checkpoint_interval=request.checkpoint_interval,
             )
         except Exception as exc:
             self._send(StreamEnded(request.stream, error_code(exc), str(exc)))
             return
         stream = self._streams[request.stream] = _Stream(
-            request.wal, request.credit_messages, request.credit_bytes
+            request.wal, scanner, request.credit_messages, request.credit_bytes
         )
         stream.task = asyncio.get_running_loop().create_task(
             self._pump(request.stream, stream, scanner)
         )
 
-    async def _pump(self, number: int, stream: _Stream, scanner: Any) -> None:
+    async def _pump(self, number: int, stream: _Stream, scanner: LocalScanner) -> None:
         """Send the scanner's batches within the stream's credit."""
         code, text = ErrorCode.OK, ""
         try:
@@ -294,21 +368,23 @@ class _Session:
                     self._send(Delivered(number, [_wire_delivered(m) for m in batch[start:end]]))
                     start = end
         except asyncio.CancelledError:
-            await scanner.aclose()
+            stream.close_error = await close_scanner(scanner)
             raise
         except Exception as exc:
             if not isinstance(exc, WALError):
                 _log.exception("stream %d of %s failed", number, self._peer)
             code, text = error_code(exc), str(exc)
-        await scanner.aclose()
+        closed = await close_scanner(scanner)
+        if closed is not None and code == ErrorCode.OK:
+            code, text = error_code(closed), str(closed)
         if self._streams.pop(number, None) is not None:
             self._send(StreamEnded(number, code, text))
 
     def _close_stream(self, number: int) -> None:
-        stream = self._streams.pop(number, None)
-        if stream is not None and stream.task is not None:
-            stream.task.cancel()
-        self._send(StreamEnded(number, ErrorCode.OK, ""))
+        if number not in self._streams:
+            self._send(StreamEnded(number, ErrorCode.OK, ""))
+        else:
+            self._spawn(self._close_wal(None, [number]))
 
     async def aclose(self) -> None:
         """Stop the streams; appends in flight finish (their answers go nowhere)."""
@@ -338,6 +414,8 @@ class NodeServer:
         self._tls = tls
         self._wal_options = wal_options
         self._wals: dict[str, LocalWAL] = {}
+        #: The node's transactions, whichever connection began them.
+        self.txns = NodeTxns()
         self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
         self._server: asyncio.Server | None = None
         self._sessions: set[asyncio.Task[None]] = set()
