@@ -69,8 +69,9 @@ async def open_wal(
     node's bearer token), ``tls`` (an ``ssl.SSLContext`` trusting the node's certificate,
     with a client certificate loaded if the node demands one), ``window_messages`` and
     ``window_bytes`` (each scanner's credit: how much the node may send ahead of the
-    reader), ``connect_timeout``. Transactions, durable subscriptions and ``truncate``
-    are not served over ``walsvc://`` yet and raise ``InvalidArgument`` saying so.
+    reader), ``connect_timeout``. Transactions and durable subscriptions are the node's:
+    a transaction outlives its client's connection (``RemoteWAL.resume_txn`` takes it
+    up), one reader per subscription name across all the node's clients.
 
     Raises ``UnknownBackend`` for an unknown scheme or a missing extra,
     ``InvalidArgument`` for a malformed URL, pchannel or option value, and

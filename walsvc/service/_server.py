@@ -5,7 +5,10 @@ The node is each pchannel's single writer: it opens one WAL per pchannel on firs
 all its clients. A connection is a session: the handshake first (versions, token),
 then requests answered in any order (each append runs as its own task, so concurrent
 appends coalesce in the WAL) and streams fed from the WAL's scanners (the WAL filters
-by header; the tail cache serves tailing readers) within each stream's credit. A peer
+by header; the tail cache serves tailing readers) within each stream's credit.
+Transactions belong to the node, not the connection (``_txns``): closing a connection
+aborts none. A stream's scanner closes (its subscription's checkpoint written, the name
+released) before ``CloseStream``, ``CloseWal`` or ``Flush(close)`` is answered. A peer
 that breaks the protocol (garbage, a length prefix above the limit) is disconnected
 alone, with one log line.
 """
