@@ -59,6 +59,23 @@ def test_the_byte_forms_the_document_shows() -> None:
     assert decoded == [p.Hello(1, 2, "t", "c"), p.CloseStream(4)]
 
 
+def test_the_byte_forms_of_transactions_and_subscriptions() -> None:
+    encode = msgspec.msgpack.encode
+    assert encode(p.Ack(1, 2, None, 3)) == bytes.fromhex("95 2d 01 02 c0 03")
+    assert encode(p.TxnBegin(1, 1, "v", 1.0, None)) == bytes.fromhex(
+        "96 28 01 01 a1 76 cb 3f f0 00 00 00 00 00 00 c0"
+    )
+    # A Read without its last two fields (subscription, checkpoint_interval) decodes.
+    short = encode([6, 1, 1, "all", None, 0, None, None, 0, False, False, 0, 1, 1])
+    read = msgspec.msgpack.decode(short, type=p.Read)
+    assert (read.subscription, read.checkpoint_interval) == (None, 1.0)
+    both = msgspec.msgpack.decode(
+        b"\x92" + encode(p.Flush(3, 4, True)) + encode(p.TxnResume(5, 1, 9)),
+        type=list[p.ClientMessage],
+    )
+    assert both == [p.Flush(3, 4, True), p.TxnResume(5, 1, 9)]
+
+
 async def test_a_writer_batches_what_one_loop_turn_queued_into_one_frame() -> None:
     frames: list[bytes] = []
     done = asyncio.Event()

@@ -30,7 +30,7 @@ from scanners._reorder import ReorderBuffer
 from scanners._txn_buffer import TxnBuffer
 from walsvc.backends._subscriptions import SubscriptionScope, SubscriptionStore, check_scope
 from walsvc.core._api import Scanner, ScannerStats
-from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._deliver import Checkpoint, DeliverPolicy
 from walsvc.core._errors import InvalidArgument, WALClosed
 from walsvc.core._filter import Filter
 from walsvc.core._message import ImmutableMessage, MessageType
@@ -250,13 +250,19 @@ class LocalScanner(Scanner):
             raise InvalidArgument("ack needs a scanner read with subscription='name'")
         if not isinstance(message, ImmutableMessage):
             raise TypeError(f"ack takes a delivered walsvc.ImmutableMessage, not {message!r}")
+        self.acknowledge(message.checkpoint, message.timetick)
+
+    def acknowledge(self, checkpoint: Checkpoint, timetick: int) -> None:
+        """``ack`` of a message known by its checkpoint and its timetick (how a node acks
+        for the remote reader it delivered the message to): the same checks and effect."""
+        if self._subscription is None:
+            raise InvalidArgument("ack needs a scanner read with subscription='name'")
         if self._checkpoints is None:
             raise InvalidArgument("ack of a message this scanner has not delivered yet")
-        checkpoint = message.checkpoint
         self._checkpoints.note(checkpoint)
         self._noted_tick = max(self._noted_tick, checkpoint.timetick)
         last = self._last_out
-        if last is not None and message.timetick >= last.timetick:
+        if last is not None and timetick >= last.timetick:
             self._acked_last = True
         source = self._source
         if source is not None and not source.idle_ticks and self._wants_idle_ticks():

@@ -1,9 +1,9 @@
 """Layer 4.5, the client of a walsvc node: the wire protocol (``_protocol``, specified in
 docs/protocol.md), frames over asyncio streams (``_frames``), one connection to a node
-(``_connection``), the WAL and scanners of a node (``_client``, ``_scanner``), the
-``open_wal`` users call, which sends ``walsvc://`` URLs to a node and every other scheme
-to ``walsvc.wal`` (``_open``), and a node's status (``_node_status``, fetched by
-``_status``).
+(``_connection``), the WAL and scanners of a node (``_client``, ``_scanner``), its
+transactions (``_txn``), the ``open_wal`` users call, which sends ``walsvc://`` URLs to
+a node and every other scheme to ``walsvc.wal`` (``_open``), and a node's status
+(``_node_status``, fetched by ``_status``).
 
 Above ``walsvc.wal`` (its abstract ``WAL`` and the local ``open_wal``), below
 ``walsvc.node`` (which opens its pchannels through the dispatching ``open_wal``). The

@@ -1,9 +1,9 @@
 """The WAL of a walsvc node: ``RemoteWAL`` has the methods, semantics and errors of a WAL
 in this process; the node runs each append through its interceptor chain (it allocates
-the timeticks) and filters each stream by header before it sends.
-
-Not served yet (each raises ``InvalidArgument`` saying so): transactions, durable
-subscriptions and ``ack``, ``truncate``, ``delete_subscription``.
+the timeticks) and filters each stream by header before it sends. Transactions are
+the node's (``_txn``: a ``walsvc.Txn`` whose messages go to the node's handle), and so
+are durable subscriptions (``_scanner``: the node's scanner holds the claim and writes
+the checkpoints the client acknowledges).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import ssl
 from collections.abc import Iterable
 from typing import Final, final
 
+from walsvc.backends._subscriptions import check_subscription_name
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import (
     InvalidArgument,
@@ -44,16 +45,19 @@ from ._protocol import (
     Appended,
     AppendMany,
     CloseWal,
+    DeleteSubscription,
     LatestId,
     LatestIdIs,
     Opened,
     OpenWal,
     Read,
+    Truncate,
     WireDelivered,
     WireMessage,
     WireResult,
 )
-from ._scanner import RemoteScanner, not_served
+from ._scanner import RemoteScanner, claim_subscription
+from ._txn import begin_remote_txn, resume_remote_txn
 
 __all__ = (
     "DEFAULT_WINDOW_BYTES",
@@ -289,9 +293,21 @@ class RemoteWAL(WAL):
     async def begin_txn(
         self, vchannel: str, *, keepalive: float = 10.0, idempotency_key: str | None = None
     ) -> Txn:
-        """Not served over walsvc:// yet: raises ``InvalidArgument``."""
-        self._check_writable()
-        raise not_served("begin_txn (transactions)")
+        """``WAL.begin_txn`` on the node: append the BeginTxn of a transaction on
+        ``vchannel`` and return its handle (or the replay of a committed one with
+        ``idempotency_key``). The transaction is the node's: closing this WAL or losing
+        its connection does not end it (it expires by its keepalive, unless taken up
+        again with ``resume_txn``)."""
+        return await begin_remote_txn(self, vchannel, keepalive, idempotency_key)
+
+    async def resume_txn(self, txn_id: int) -> Txn:
+        """A handle of the node's open transaction ``txn_id`` (``Txn.txn_id``) on this
+        pchannel, begun through this node by this or an earlier connection, e.g. before
+        a reconnect: go on appending, commit or roll back. Its keepalive runs meanwhile.
+        Raises ``UnknownTxn`` if the node has no such transaction (never begun there, or
+        long ended), and the error that ended it if a call did (``TxnExpired``,
+        ``TxnAborted``; ``TxnNotActive`` once committed or rolled back)."""
+        return await resume_remote_txn(self, txn_id)
 
     def read(
         self,
@@ -307,13 +323,12 @@ class RemoteWAL(WAL):
     ) -> RemoteScanner:
         """A scanner fed by the node (``WAL.read``'s semantics; the node filters by
         header before it sends, and sends no more than the stream's credit).
-        ``use_cache`` is the node's choice (it reads its tail cache when it can);
-        ``subscription`` is not served over walsvc:// yet (``InvalidArgument``)."""
+        ``use_cache`` is the node's choice (it reads its tail cache when it can). A
+        ``subscription`` is the node's: one reader per name across all its clients (a
+        second one in this process is refused here, one elsewhere at its first read)."""
         self._check_open()
         if not isinstance(deliver, DeliverPolicy):
             raise TypeError(f"deliver must be a walsvc.DeliverPolicy, not {deliver!r}")
-        if subscription is not None:
-            raise not_served("subscription (durable subscriptions and ack)")
         if type(txn_buffer_bytes) is not int or txn_buffer_bytes < 0:
             raise InvalidArgument(f"txn_buffer_bytes must be an int >= 0, not {txn_buffer_bytes!r}")
         position = deliver.message_id
@@ -321,6 +336,18 @@ class RemoteWAL(WAL):
             raise InvalidArgument(f"{position!r} is not a {self._scheme}:// message id")
         selected = Filter.combine(filters)
         conn = self._conn
+        claim = None
+        if subscription is not None:
+            if (
+                isinstance(checkpoint_interval, bool)
+                or not isinstance(checkpoint_interval, int | float)
+                or not 0 <= checkpoint_interval <= 3600
+            ):
+                raise InvalidArgument(
+                    f"checkpoint_interval must be in [0, 3600] seconds, not {checkpoint_interval!r}"
+                )
+            check_subscription_name(subscription)
+            claim = claim_subscription(conn.where, self._pchannel, subscription)
         window_messages, window_bytes = self._window
         read = Read(
             conn.next_id(),
@@ -336,16 +363,24 @@ class RemoteWAL(WAL):
             txn_buffer_bytes,
             window_messages,
             window_bytes,
+            subscription,
+            float(checkpoint_interval),
         )
-        scanner = RemoteScanner(self, read)
+        scanner = RemoteScanner(self, read, claim)
         conn.open_stream(scanner, read)
         self._scanners.add(scanner)
         return scanner
 
     async def delete_subscription(self, name: str) -> None:
-        """Not served over walsvc:// yet: raises ``InvalidArgument``."""
+        """Forget the node's durable subscription ``name`` (its checkpoint and scope), so
+        that the next scanner of that name starts from its ``deliver`` policy, with its
+        own filter. Raises ``SubscriptionBusy`` while a scanner of any client reads it;
+        deleting a name that has no checkpoint does nothing."""
         self._check_open()
-        raise not_served("delete_subscription (durable subscriptions)")
+        check_subscription_name(name)
+        conn = self._conn
+        request = conn.next_id()
+        await conn.request(DeleteSubscription(request, self._handle, name), request).future
 
     async def latest_message_id(self) -> MessageId | None:
         """The id of the newest durable message ever appended (even if since truncated),
@@ -358,9 +393,14 @@ class RemoteWAL(WAL):
         return None if answer.message_id is None else self._ids(answer.message_id)
 
     async def truncate(self, message_id: MessageId) -> None:
-        """Not served over walsvc:// yet: raises ``InvalidArgument``."""
+        """Drop every message up to and including ``message_id`` (on the node: every
+        client's reads see it)."""
         self._check_writable()
-        raise not_served("truncate")
+        if not isinstance(message_id, MessageId) or message_id.scheme != self._scheme:
+            raise InvalidArgument(f"{message_id!r} is not a {self._scheme}:// message id")
+        conn = self._conn
+        request = conn.next_id()
+        await conn.request(Truncate(request, self._handle, message_id.marshal()), request).future
 
     async def aclose(self) -> None:
         """Close every scanner (their reads raise ``WALClosed``), release the node's

@@ -39,6 +39,7 @@ from ._protocol import (
     FRAME_HEADER,
     MAX_FRAME_BYTES,
     NODE_VERSIONS,
+    AckFailed,
     Appended,
     CloseStream,
     Delivered,
@@ -542,9 +543,13 @@ class Connection:
         elif isinstance(message, StreamStarted):
             scanner = self._streams.get(message.stream)
             if scanner is not None:
-                scanner._started(message.timetick)
+                scanner._stream_started(message.timetick)
         elif isinstance(message, Pong):
             pass  # hearing it was the point
+        elif isinstance(message, AckFailed):
+            scanner = self._streams.get(message.stream)
+            if scanner is not None:
+                scanner._ack_failed(error_from(message.code, message.message))
         elif isinstance(message, Welcome | Refused):
             raise CorruptRecord(f"{type(message).__name__} after the handshake")
         elif isinstance(message, GoingAway):

@@ -75,9 +75,10 @@ async def open_wal(
     without an idempotency key a producer key), scanners resume right after their last
     message; only when the node stays out of reach that long do appends in flight raise
     ``AppendOutcomeUnknown``. ``heartbeat`` (default 5 s): a silent node is pinged, and
-    after twice that its socket is dropped and redialled. Transactions, durable
-    subscriptions and ``truncate`` are not served over ``walsvc://`` yet and raise
-    ``InvalidArgument`` saying so.
+    after twice that its socket is dropped and redialled. Transactions and durable
+    subscriptions are the node's: a transaction outlives its client's connection
+    (``RemoteWAL.resume_txn`` takes it up), one reader per subscription name across all
+    the node's clients.
 
     Raises ``UnknownBackend`` for an unknown scheme or a missing extra,
     ``InvalidArgument`` for a malformed URL, pchannel or option value, and

@@ -51,6 +51,8 @@ __all__ = (
     "MAX_FRAME_BYTES",
     "NODE_VERSIONS",
     "PRODUCER_KEY_PREFIX",
+    "Ack",
+    "AckFailed",
     "Append",
     "AppendMany",
     "Appended",
@@ -59,10 +61,12 @@ __all__ = (
     "CloseWal",
     "Credit",
     "CreditAmount",
+    "DeleteSubscription",
     "Delivered",
     "Done",
     "ErrorCode",
     "Failed",
+    "Flush",
     "GoingAway",
     "Hello",
     "LatestId",
@@ -78,6 +82,13 @@ __all__ = (
     "StatusIs",
     "StreamEnded",
     "StreamStarted",
+    "Truncate",
+    "TxnAppend",
+    "TxnBegin",
+    "TxnBegun",
+    "TxnCommit",
+    "TxnResume",
+    "TxnRollback",
     "Welcome",
     "WireDelivered",
     "WireMessage",
@@ -298,6 +309,11 @@ class Read(msgspec.Struct, array_like=True, frozen=True, tag=6):
     txn_buffer_bytes: int
     credit_messages: CreditAmount
     credit_bytes: CreditAmount
+    #: ``WAL.read(subscription=...)``: the durable subscription the stream reads (nil:
+    #: none) and how often its checkpoint is written (seconds). Last, with defaults, so a
+    #: ``Read`` without them still decodes.
+    subscription: str | None = None
+    checkpoint_interval: float = 1.0
 
 
 class Credit(msgspec.Struct, array_like=True, frozen=True, tag=7):
@@ -334,6 +350,86 @@ class Status(msgspec.Struct, array_like=True, frozen=True, tag=60):
     request: int
 
 
+class TxnBegin(msgspec.Struct, array_like=True, frozen=True, tag=40):
+    """``WAL.begin_txn`` on the handle ``wal``; answered by ``TxnBegun``."""
+
+    request: int
+    wal: int
+    vchannel: str
+    keepalive: float
+    idempotency_key: str | None
+
+
+class TxnResume(msgspec.Struct, array_like=True, frozen=True, tag=41):
+    """Take up the node's transaction ``txn_id`` of the handle's pchannel (begun by this
+    or an earlier connection); answered by ``TxnBegun``."""
+
+    request: int
+    wal: int
+    txn_id: int
+
+
+class TxnAppend(msgspec.Struct, array_like=True, frozen=True, tag=42):
+    """``Txn.append`` (one message) or ``Txn.append_many`` (more) of the node's
+    transaction ``txn_id``; answered by ``Appended``."""
+
+    request: int
+    wal: int
+    txn_id: int
+    messages: list[WireMessage]
+
+
+class TxnCommit(msgspec.Struct, array_like=True, frozen=True, tag=43):
+    """``Txn.commit``; answered by ``Appended`` (the CommitTxn's result)."""
+
+    request: int
+    wal: int
+    txn_id: int
+
+
+class TxnRollback(msgspec.Struct, array_like=True, frozen=True, tag=44):
+    """``Txn.rollback``; answered by ``Done``."""
+
+    request: int
+    wal: int
+    txn_id: int
+
+
+class Ack(msgspec.Struct, array_like=True, frozen=True, tag=45):
+    """``Scanner.ack`` of a delivered message of the subscription stream ``stream``: the
+    message's timetick and checkpoint. No answer; a failure comes as ``AckFailed``."""
+
+    stream: int
+    timetick: int
+    checkpoint_id: str | None
+    checkpoint_tick: int
+
+
+class Flush(msgspec.Struct, array_like=True, frozen=True, tag=46):
+    """``Scanner.flush`` of the stream (``close``: then end it, as ``Scanner.aclose``:
+    the subscription is released); answered by ``Done`` once the checkpoint is written."""
+
+    request: int
+    stream: int
+    close: bool
+
+
+class Truncate(msgspec.Struct, array_like=True, frozen=True, tag=47):
+    """``WAL.truncate(message_id)``; answered by ``Done``."""
+
+    request: int
+    wal: int
+    message_id: str
+
+
+class DeleteSubscription(msgspec.Struct, array_like=True, frozen=True, tag=48):
+    """``WAL.delete_subscription(name)``; answered by ``Done``."""
+
+    request: int
+    wal: int
+    name: str
+
+
 ClientMessage = (
     Hello
     | OpenWal
@@ -346,6 +442,15 @@ ClientMessage = (
     | CloseWal
     | Ping
     | Status
+    | TxnBegin
+    | TxnResume
+    | TxnAppend
+    | TxnCommit
+    | TxnRollback
+    | Ack
+    | Flush
+    | Truncate
+    | DeleteSubscription
 )
 
 
@@ -456,6 +561,30 @@ class GoingAway(msgspec.Struct, array_like=True, frozen=True, tag=71):
     within_ms: int
 
 
+class TxnBegun(msgspec.Struct, array_like=True, frozen=True, tag=50):
+    """A transaction handle (the answer to ``TxnBegin`` and ``TxnResume``): its id and
+    keepalive, vchannel, key, where its BeginTxn landed, and for a replay (a transaction
+    whose key committed earlier) that run's body and commit results."""
+
+    request: int
+    txn_id: int
+    keepalive_ms: int
+    vchannel: str
+    idempotency_key: str | None
+    begin: WireResult
+    replay_bodies: list[WireResult] | None
+    replay_commit: WireResult | None
+
+
+class AckFailed(msgspec.Struct, array_like=True, frozen=True, tag=51):
+    """An ``Ack`` of the stream failed (a checkpoint write failed, the scanner closed):
+    the client raises the error from the scanner's next ``ack``, ``flush`` or ``aclose``."""
+
+    stream: int
+    code: int
+    message: str
+
+
 NodeMessage = (
     Welcome
     | Refused
@@ -470,4 +599,6 @@ NodeMessage = (
     | Pong
     | StatusIs
     | GoingAway
+    | TxnBegun
+    | AckFailed
 )

@@ -1,5 +1,14 @@
 """The scanner of a walsvc node's stream: it buffers at most its window (messages and
-payload bytes) and grants the node credit as the user consumes."""
+payload bytes) and grants the node credit as the user consumes.
+
+A scanner of a durable subscription sends each ``ack`` to the node's scanner of its
+stream (``Ack``, no round trip: the node applies it in order with what follows, and a
+failure comes back as ``AckFailed``, raised by the next ``ack``, ``flush`` or
+``aclose``, as a local scanner raises a failed background checkpoint write);
+``flush`` and ``aclose`` wait for the node's checkpoint write (``Flush``). One reader
+per name: the node refuses a second one from any client (``SubscriptionBusy`` at the
+first read); a second one in this process is refused at ``read``, as locally.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ import msgspec
 from walsvc.core._api import Scanner, ScannerStats
 from walsvc.core._errors import (
     InvalidArgument,
+    SubscriptionBusy,
     WALClosed,
     WALError,
 )
@@ -22,7 +32,9 @@ from walsvc.core._message import (
 )
 
 from ._protocol import (
+    Ack,
     Credit,
+    Flush,
     Read,
     WireDelivered,
 )
@@ -30,11 +42,22 @@ from ._protocol import (
 if TYPE_CHECKING:
     from ._client import RemoteWAL
 
-__all__ = ("RemoteScanner", "not_served")
+__all__ = ("RemoteScanner", "claim_subscription")
+
+#: The subscriptions read by a scanner of this process: (node URL, pchannel, name).
+_claimed: Final[set[tuple[str, str, str]]] = set()
 
 
-def not_served(what: str) -> InvalidArgument:
-    return InvalidArgument(f"{what} is not served over walsvc:// yet (a later protocol version)")
+def claim_subscription(where: str, pchannel: str, name: str) -> tuple[str, str, str]:
+    """Mark subscription ``name`` of ``pchannel`` on the node ``where`` as read in this
+    process; raise ``SubscriptionBusy`` if a scanner of this process reads it."""
+    key = (where, pchannel, name)
+    if key in _claimed:
+        raise SubscriptionBusy(
+            f"subscription {name!r} is already being read by a scanner of this process"
+        )
+    _claimed.add(key)
+    return key
 
 
 def _cost(message: WireDelivered) -> int:
@@ -53,7 +76,9 @@ class RemoteScanner(Scanner):
     for credit beyond that."""
 
     __slots__ = (
+        "_ack_error",
         "_buffer",
+        "_claim",
         "_delivered",
         "_end",
         "_owed_bytes",
@@ -61,8 +86,11 @@ class RemoteScanner(Scanner):
         "_position",
         "_read",
         "_received",
+        "_skip_through",
         "_start_tick",
+        "_started",
         "_stream",
+        "_subscription",
         "_user_closed",
         "_waiter",
         "_wal",
@@ -70,16 +98,25 @@ class RemoteScanner(Scanner):
         "_window_messages",
     )
 
-    def __init__(self, wal: RemoteWAL, read: Read) -> None:
+    def __init__(
+        self, wal: RemoteWAL, read: Read, claim: tuple[str, str, str] | None = None
+    ) -> None:
         self._wal = wal
         self._read = read
+        #: The subscription read (its claim in this process), or None.
+        self._claim = claim
+        self._subscription = None if claim is None else claim[2]
+        #: True once a batch arrived: the node's scanner loaded its checkpoint.
+        self._started = False
+        #: A failed ``Ack`` the node reported, raised by the next ack, flush or aclose.
+        self._ack_error: WALError | None = None
         self._stream = read.stream
         self._window_messages = read.credit_messages
         self._window_bytes = read.credit_bytes
         super().__init__()
         self._buffer: deque[list[WireDelivered]] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        #: Why the stream ended: None while it runs; ``_ENDED`` for a normal end.
+        #: Why the stream ended: None while it runs; ``_CLOSED`` for a normal end.
         self._end: WALError | object | None = None
         self._user_closed = False
         self._delivered = 0
@@ -91,6 +128,9 @@ class RemoteScanner(Scanner):
         self._received: str | None = None
         #: A ``latest`` stream's starting timetick, once the node told it.
         self._start_tick: int | None = None
+        #: After a subscription stream resumed (from its checkpoint, on the node): the
+        #: messages up to this id were received before and are dropped.
+        self._skip_through: MessageId | None = None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -98,21 +138,40 @@ class RemoteScanner(Scanner):
             waiter.set_result(None)
 
     def _deliver(self, messages: list[WireDelivered]) -> None:
-        if messages and self._end is None:
+        if self._skip_through is not None:
+            messages = self._unseen(messages)
+        if messages and self._end is None and not self._user_closed:
             self._buffer.append(messages)
             self._received = messages[-1].message_id
             self._wake()
 
-    def _started(self, timetick: int) -> None:
+    def _unseen(self, messages: list[WireDelivered]) -> list[WireDelivered]:
+        floor, ids = self._skip_through, self._wal._ids
+        assert floor is not None
+        fresh = [m for m in messages if ids(m.message_id) > floor]
+        if fresh:
+            self._skip_through = None
+            if len(fresh) < len(messages):  # what was skipped returns its credit
+                skipped = [m for m in messages if ids(m.message_id) <= floor]
+                self._grant(len(skipped), sum(map(_cost, skipped)))
+        else:
+            self._grant(len(messages), sum(map(_cost, messages)))
+        return fresh
+
+    def _stream_started(self, timetick: int) -> None:
         self._start_tick = timetick
 
     def _resume(self, handle: int) -> Read:
         """The ``Read`` that continues this stream on a new socket for the WAL handle
         ``handle``: right after the last message received (a ``latest`` stream that
-        received none: after its starting timetick), with the credit the buffer leaves."""
+        received none: after its starting timetick; a subscription: from its checkpoint
+        on the node, dropping what was received before), with the credit the buffer
+        leaves."""
         read = self._read
         if self._received is not None:
             deliver, deliver_id, after = "start_after", self._received, 0
+            if read.subscription is not None:
+                self._skip_through = self._wal._ids(self._received)
         elif read.deliver == "latest" and self._start_tick is not None:
             deliver, deliver_id, after = "checkpoint", None, self._start_tick
         else:
@@ -135,12 +194,29 @@ class RemoteScanner(Scanner):
             self._end = _ENDED if error is None else error
         self._wake()
 
+    def _ack_failed(self, error: WALError) -> None:
+        if self._ack_error is None:
+            self._ack_error = error
+
+    def _raise_ack_error(self) -> None:
+        error, self._ack_error = self._ack_error, None
+        if error is not None:
+            raise error
+
+    def _release(self) -> None:
+        if self._claim is not None:
+            _claimed.discard(self._claim)
+            self._claim = None
+
     def _close_for_wal(self) -> None:
-        """The WAL closed: nothing buffered is delivered; reads raise ``WALClosed``."""
+        """The WAL closed: nothing buffered is delivered; reads raise ``WALClosed``. (The
+        node closes the stream's scanner, writing its checkpoint, before it answers the
+        WAL's ``CloseWal``.)"""
         self._buffer.clear()
         self._batch, self._index = (), 0
         self._end = WALClosed("the WAL of this scanner is closed")
         self._wal._conn.forget_stream(self._stream)
+        self._release()
         self._wake()
 
     async def _next_batch(self) -> Sequence[ImmutableMessage]:
@@ -165,6 +241,7 @@ class RemoteScanner(Scanner):
         self._grant(len(wire), sum(map(_cost, wire)))
         self._delivered += len(batch)
         self._position = batch[-1].message_id
+        self._started = True
         return batch
 
     def _grant(self, messages: int, cost: int) -> None:
@@ -179,12 +256,44 @@ class RemoteScanner(Scanner):
             self._owed_messages = self._owed_bytes = 0
 
     async def ack(self, message: ImmutableMessage) -> None:
-        """Not served over walsvc:// yet (no durable subscriptions): raises
-        ``InvalidArgument``."""
-        raise not_served("ack (durable subscriptions)")
+        """Acknowledge ``message`` (and everything delivered before it): the subscription
+        resumes after it. The node records it (no round trip); its checkpoint writes are
+        forward-only and throttled, and ``aclose`` flushes the last one. Raises
+        ``InvalidArgument`` without a subscription or before this scanner delivered
+        anything, ``WALClosed`` once it is closed or its stream ended, and the error of a
+        failed earlier ack (a failed checkpoint write on the node)."""
+        name = self._subscription
+        if name is None:
+            raise InvalidArgument("ack needs a scanner read with subscription='name'")
+        if not isinstance(message, ImmutableMessage):
+            raise TypeError(f"ack takes a delivered walsvc.ImmutableMessage, not {message!r}")
+        if not self._started:
+            raise InvalidArgument("ack of a message this scanner has not delivered yet")
+        if self._user_closed or self._end is not None:
+            raise WALClosed(f"the checkpoint writer of subscription {name!r} is closed")
+        checkpoint = message.checkpoint
+        lc = checkpoint.last_confirmed_id
+        self._wal._conn.send(
+            Ack(
+                self._stream,
+                message.timetick,
+                None if lc is None else lc.marshal(),
+                checkpoint.timetick,
+            )
+        )
+        self._raise_ack_error()
 
     async def flush(self) -> None:
-        """A scanner without a subscription has no checkpoint: nothing to write."""
+        """Write the subscription's latest acknowledged checkpoint now: returns once the
+        node wrote it (nothing to write without a subscription, before the first
+        delivery, or once closed)."""
+        if self._subscription is None or not self._started or self._user_closed:
+            return
+        if self._end is None:
+            conn = self._wal._conn
+            request = conn.next_id()
+            await conn.request(Flush(request, self._stream, False), request).future
+        self._raise_ack_error()
 
     def stats(self) -> ScannerStats:
         """A snapshot of this scanner: what it delivered and its position (the node's
@@ -203,15 +312,31 @@ class RemoteScanner(Scanner):
         )
 
     async def aclose(self) -> None:
-        """Stop the scanner (iteration then ends) and the node's stream. Idempotent."""
+        """Stop the scanner (iteration then ends) and the node's stream; for a
+        subscription, return once the node wrote its last checkpoint and released the
+        name (raising what that write raised). Idempotent."""
         if self._user_closed:
             return
         self._user_closed = True
         self._batch, self._index = (), 0
         self._buffer.clear()
         self._wal._forget_scanner(self)
-        self._wal._conn.forget_stream(self._stream)
         self._wake()
+        conn = self._wal._conn
+        try:
+            if self._subscription is not None and self._end is None:
+                request = conn.next_id()
+                await conn.request(Flush(request, self._stream, True), request).future
+        except WALError:
+            try:
+                conn.check()
+            except WALError:
+                return  # lost: the node closed the stream, writing its checkpoint, itself
+            raise
+        finally:
+            conn.forget_stream(self._stream)
+            self._release()
+        self._raise_ack_error()
 
 
 #: The end of a stream closed normally.

@@ -3,6 +3,8 @@ protocol of ``walsvc.remote`` (``walsvc.serve``; ``walsvc serve`` on the command
 
 Beside ``walsvc.spark`` and ``walsvc.testing`` (independent of them); uses ``walsvc.wal``
 (one WAL per pchannel, the node its single writer) and ``walsvc.remote``'s protocol.
+``_server`` runs connections and streams; ``_txns`` holds the node's transactions (one
+table for the node, not per connection); ``_subscriptions`` applies clients' acks.
 The modules here are private; ``walsvc.serve`` is public.
 """
 

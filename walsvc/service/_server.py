@@ -5,7 +5,10 @@ The node is each pchannel's single writer: it opens one WAL per pchannel on firs
 all its clients. A connection is a session: the handshake first (versions, token),
 then requests answered in any order (each append runs as its own task, so concurrent
 appends coalesce in the WAL) and streams fed from the WAL's scanners (the WAL filters
-by header; the tail cache serves tailing readers) within each stream's credit. A peer
+by header; the tail cache serves tailing readers) within each stream's credit.
+Transactions belong to the node, not the connection (``_txns``): closing a connection
+aborts none. A stream's scanner closes (its subscription's checkpoint written, the name
+released) before ``CloseStream``, ``CloseWal`` or ``Flush(close)`` is answered. A peer
 that breaks the protocol (garbage, a length prefix above the limit) or the node's limits
 (``_limits``: it does not read, it trickles) is disconnected alone, with one log line.
 ``Status`` is answered from ``_status``.
@@ -28,13 +31,16 @@ from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import CorruptRecord, InvalidArgument, WALClosed, WALError, WALReadOnly
 from walsvc.core._filter import Filter
 from walsvc.core._ids import unmarshal_message_id
-from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.core._message import ImmutableMessage
 from walsvc.core._timetick import HybridClock
+from walsvc.read._scanner import LocalScanner
 from walsvc.remote._frames import FrameWriter, read_frame
 from walsvc.remote._node_status import NodeLimits, NodeStatus
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
     PRODUCER_KEY_PREFIX,
+    Ack,
+    AckFailed,
     Append,
     Appended,
     AppendMany,
@@ -42,10 +48,12 @@ from walsvc.remote._protocol import (
     CloseStream,
     CloseWal,
     Credit,
+    DeleteSubscription,
     Delivered,
     Done,
     ErrorCode,
     Failed,
+    Flush,
     Hello,
     LatestId,
     LatestIdIs,
@@ -58,10 +66,14 @@ from walsvc.remote._protocol import (
     Status,
     StreamEnded,
     StreamStarted,
+    Truncate,
+    TxnAppend,
+    TxnBegin,
+    TxnCommit,
+    TxnResume,
+    TxnRollback,
     Welcome,
     WireDelivered,
-    WireMessage,
-    WireResult,
     error_code,
     negotiate,
 )
@@ -71,6 +83,9 @@ from walsvc.wal._wal import LocalWAL
 from ._drain import DRAINING, drain_node, draining_answer
 from ._limits import STATUS_CHARGE, Requests, Watchdog, check_credit, keep_alive
 from ._status import answer_status, host_port, node_status
+from ._subscriptions import acknowledge, close_scanner
+from ._txns import NodeTxns, TxnRequest
+from ._wire import message_of, wire_result
 
 __all__ = ("NodeServer", "serve")
 
@@ -79,14 +94,7 @@ _encode: Final = msgspec.msgpack.Encoder().encode
 _decode: Final = msgspec.msgpack.Decoder(list[ClientMessage]).decode
 #: Largest payload bytes in one ``Delivered`` message (a frame holds several).
 _DELIVERY_BYTES: Final = 1024 * 1024
-_TYPES: Final = {int(t): t for t in MessageType}
-
-
-def _wire_result(result: AppendResult) -> WireResult:
-    lc = result.last_confirmed_id
-    return WireResult(
-        result.message_id.marshal(), result.timetick, None if lc is None else lc.marshal()
-    )
+_TXN_REQUESTS: Final = (TxnBegin, TxnResume, TxnAppend, TxnCommit, TxnRollback)
 
 
 def _wire_delivered(m: ImmutableMessage) -> WireDelivered:
@@ -120,34 +128,30 @@ def _cost(m: ImmutableMessage) -> int:
     return cost
 
 
-def _message(wire: WireMessage) -> Message:
-    type_ = _TYPES.get(wire.type)
-    return Message(
-        payload=wire.payload,
-        vchannel=wire.vchannel,
-        type=wire.type if type_ is None else type_,  # type: ignore[arg-type]
-        properties=wire.properties,
-        idempotency_key=wire.idempotency_key,
-    )
-
-
 @final
 class _Stream:
-    """One client stream: its scanner's pump and its credit."""
+    """One client stream: its scanner's pump and its credit; what closing the scanner
+    raised (a subscription's last checkpoint write), once the pump was cancelled."""
 
     __slots__ = (
         "bytes",
+        "close_error",
         "credit",
         "delivered",
         "messages",
         "read",
+        "scanner",
         "task",
         "waiting_for_credit",
         "waiting_for_send",
+        "wal",
     )
 
-    def __init__(self, read: Read) -> None:
+    def __init__(self, read: Read, scanner: LocalScanner) -> None:
         self.read = read
+        self.wal = read.wal
+        self.scanner = scanner
+        self.close_error: Exception | None = None
         self.messages = read.credit_messages
         self.bytes = read.credit_bytes
         self.credit = asyncio.Event()
@@ -211,10 +215,16 @@ class _Session:
             self._send(Pong(message.nonce))
         elif isinstance(message, CloseWal):
             self._handles.pop(message.wal, None)
-            for number, stream in list(self._streams.items()):
-                if stream.read.wal == message.wal:
-                    self._close_stream(number)
-            self._send(Done(message.request))
+            closing = [n for n, s in self._streams.items() if s.wal == message.wal]
+            self._spawn(self._close_wal(message.request, closing))
+        elif isinstance(message, _TXN_REQUESTS):
+            self._spawn(self._txn(message))
+        elif isinstance(message, Ack):
+            self._ack(message)
+        elif isinstance(message, Flush):
+            self._spawn(self._flush(message))
+        elif isinstance(message, Truncate | DeleteSubscription):
+            self._spawn(self._admin(message))
         elif isinstance(message, Status):
             self._spawn(answer_status(self, message), STATUS_CHARGE)
         else:
@@ -246,20 +256,20 @@ class _Session:
 
     async def _append(self, request: Append) -> None:
         try:
-            result = await self._writable(request.wal).append(_message(request.message))
+            result = await self._writable(request.wal).append(message_of(request.message))
         except Exception as exc:
             self._fail(request.request, exc)
             return
-        self._send(Appended(request.request, [_wire_result(result)]))
+        self._send(Appended(request.request, [wire_result(result)]))
 
     async def _append_many(self, request: AppendMany) -> None:
         try:
             wal = self._writable(request.wal)
-            results = await wal.append_many([_message(m) for m in request.messages])
+            results = await wal.append_many([message_of(m) for m in request.messages])
         except Exception as exc:
             self._fail(request.request, exc)
             return
-        self._send(Appended(request.request, [_wire_result(r) for r in results]))
+        self._send(Appended(request.request, [wire_result(r) for r in results]))
 
     async def _latest(self, request: LatestId) -> None:
         try:
@@ -268,6 +278,73 @@ class _Session:
             self._fail(request.request, exc)
             return
         self._send(LatestIdIs(request.request, None if latest is None else latest.marshal()))
+
+    async def _txn(self, request: TxnRequest) -> None:
+        try:
+            answer = await self._node.txns.answer(self._writable(request.wal), request)
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(answer)
+
+    def _ack(self, ack: Ack) -> None:
+        stream = self._streams.get(ack.stream)
+        if stream is None:
+            return  # ended: the client learns it from StreamEnded
+        try:
+            acknowledge(stream.scanner, ack)
+        except Exception as exc:
+            if not isinstance(exc, WALError):
+                _log.exception("an ack of stream %d of %s failed", ack.stream, self.peer)
+            self._send(AckFailed(ack.stream, error_code(exc), str(exc)))
+
+    async def _flush(self, request: Flush) -> None:
+        try:
+            if request.close:
+                await self._end_stream(request.stream)
+            else:
+                stream = self._streams.get(request.stream)
+                if stream is not None:
+                    await stream.scanner.flush()
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(Done(request.request))
+
+    async def _end_stream(self, number: int) -> None:
+        """Stop the stream and close its scanner; raise what the close raised. The
+        stream stays listed until its scanner closed, so a ``CloseWal`` meanwhile waits
+        for it too."""
+        stream = self._streams.get(number)
+        if stream is None or stream.task is None:
+            return
+        stream.task.cancel()
+        await asyncio.gather(stream.task, return_exceptions=True)
+        self._streams.pop(number, None)
+        if stream.close_error is not None:
+            raise stream.close_error
+
+    async def _close_wal(self, request: int | None, streams: list[int]) -> None:
+        # Answered once the streams' scanners closed: their subscriptions' checkpoints
+        # are written and their names free for the next reader.
+        for number in streams:
+            with contextlib.suppress(Exception):
+                await self._end_stream(number)
+            self._send(StreamEnded(number, ErrorCode.OK, ""))
+        if request is not None:
+            self._send(Done(request))
+
+    async def _admin(self, request: Truncate | DeleteSubscription) -> None:
+        try:
+            if isinstance(request, Truncate):
+                wal = self._writable(request.wal)
+                await wal.truncate(unmarshal_message_id(request.message_id))
+            else:
+                await self._wal(request.wal)[0].delete_subscription(request.name)
+        except Exception as exc:
+            self._fail(request.request, exc)
+            return
+        self._send(Done(request.request))
 
     def _read(self, request: Read) -> None:
         if request.stream in self._streams:
@@ -298,18 +375,20 @@ class _Session:
                 timeticks=request.timeticks,
                 raw=request.raw,
                 txn_buffer_bytes=request.txn_buffer_bytes,
+                subscription=request.subscription,
+                checkpoint_interval=request.checkpoint_interval,
             )
         except Exception as exc:
             self._send(StreamEnded(request.stream, error_code(exc), str(exc)))
             return
-        stream = self._streams[request.stream] = _Stream(request)
+        stream = self._streams[request.stream] = _Stream(request, scanner)
         if deliver.kind == "latest":
             self._send(StreamStarted(request.stream, wal.last_timetick))
         stream.task = asyncio.get_running_loop().create_task(
             self._pump(request.stream, stream, scanner)
         )
 
-    async def _pump(self, number: int, stream: _Stream, scanner: Any) -> None:
+    async def _pump(self, number: int, stream: _Stream, scanner: LocalScanner) -> None:
         """Send the scanner's batches within the stream's credit."""
         code, text = ErrorCode.OK, ""
         try:
@@ -339,21 +418,23 @@ class _Session:
                     self._send(Delivered(number, [_wire_delivered(m) for m in batch[start:end]]))
                     start = end
         except asyncio.CancelledError:
-            await scanner.aclose()
+            stream.close_error = await close_scanner(scanner)
             raise
         except Exception as exc:
             if not isinstance(exc, WALError):
                 _log.exception("stream %d of %s failed", number, self.peer)
             code, text = error_code(exc), str(exc)
-        await scanner.aclose()
+        closed = await close_scanner(scanner)
+        if closed is not None and code == ErrorCode.OK:
+            code, text = error_code(closed), str(closed)
         if self._streams.pop(number, None) is not None:
             self._send(StreamEnded(number, code, text))
 
     def _close_stream(self, number: int) -> None:
-        stream = self._streams.pop(number, None)
-        if stream is not None and stream.task is not None:
-            stream.task.cancel()
-        self._send(StreamEnded(number, ErrorCode.OK, ""))
+        if number not in self._streams:
+            self._send(StreamEnded(number, ErrorCode.OK, ""))
+        else:
+            self._spawn(self._close_wal(None, [number]))
 
     async def end_streams(self, code: int | None = None, text: str = "") -> None:
         """Stop the streams (telling the client ``StreamEnded(code, text)`` unless
@@ -396,6 +477,8 @@ class NodeServer:
         # One timetick authority for all the node's pchannels (as open_node has).
         self._wal_options = {"timetick_allocator": HybridClock(), **wal_options}
         self._wals: dict[str, LocalWAL] = {}
+        #: The node's transactions, whichever connection began them.
+        self.txns = NodeTxns()
         self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
         self._server: asyncio.Server | None = None
         self._address = ("", 0)

@@ -105,6 +105,12 @@ class Txn:
         this handle appends nothing and answers with that run's results."""
         return self._replay is not None
 
+    @property
+    def replay(self) -> TxnReplay | None:
+        """What a replay answers with (the earlier run's body and commit results), or
+        None if this handle is not a replay (for a node handing the handle to a client)."""
+        return self._replay
+
     def _check_open(self) -> None:
         if self._state is not TxnState.OPEN:
             if self._ended_by is not None:  # the WAL ended it: say how, every time

@@ -1,0 +1,184 @@
+"""The node's transactions: one table for the whole node, keyed by pchannel and txn id.
+
+A client's ``begin_txn`` makes a transaction handle on the node's WAL (``LocalWAL.
+begin_txn``: the node's interceptor chain owns its state, keepalive and expiry); the
+table keeps that handle under its id, and the client names it by id in every later call.
+The table belongs to no connection: closing a connection aborts none of its
+transactions (one left alone expires by its keepalive, as a local one does), and the
+same client, reconnected, takes one up again by id (``TxnResume``).
+
+A handle that ended (committed, rolled back, failed) stays in the table, bounded, so a
+late or repeated call gets the error a local handle would raise rather than
+``UnknownTxn``; so does one idle past its keepalive (its next call raises ``TxnExpired``,
+from the interceptor). Past the bound the least recently used of those are forgotten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final, final
+
+from walsvc.core._errors import TxnError, TxnNotActive, UnknownTxn
+from walsvc.core._message import AppendResult, Message
+from walsvc.remote._protocol import (
+    Appended,
+    Done,
+    TxnAppend,
+    TxnBegin,
+    TxnBegun,
+    TxnCommit,
+    TxnResume,
+    TxnRollback,
+)
+from walsvc.wal._wal import LocalWAL
+from walsvc.write._txn import Txn, TxnState
+
+from ._wire import message_of, wire_result
+
+__all__ = ("NodeTxns", "TxnRequest")
+
+#: The requests ``NodeTxns.answer`` serves.
+TxnRequest = TxnBegin | TxnResume | TxnAppend | TxnCommit | TxnRollback
+
+#: How many transactions the table keeps before it forgets ended or idle ones.
+_KEPT: Final = 16_384
+
+
+@final
+class _Entry:
+    """A transaction handle, when a client last used it, and what ended it (if a call
+    failed with a transaction error)."""
+
+    __slots__ = ("ended_by", "touched", "txn")
+
+    def __init__(self, txn: Txn, now: float) -> None:
+        self.txn = txn
+        self.touched = now
+        self.ended_by: TxnError | None = None
+
+    def idle(self, now: float) -> bool:
+        """True once the handle ended, or went unused past its keepalive."""
+        return (
+            self.txn.state is not TxnState.OPEN
+            or now - self.touched > self.txn.context.keepalive_ms / 1000
+        )
+
+
+@final
+class NodeTxns:
+    """The node's transaction handles by (pchannel, txn id) (see the module docstring).
+    ``clock`` (monotonic seconds) decides idleness, only for forgetting."""
+
+    __slots__ = ("_clock", "_entries", "_kept")
+
+    def __init__(self, *, kept: int = _KEPT, clock: Callable[[], float] = time.monotonic) -> None:
+        self._entries: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
+        self._kept = kept
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def answer(self, wal: LocalWAL, request: TxnRequest) -> TxnBegun | Appended | Done:
+        """Serve ``request`` on ``wal`` (the node's WAL of the client's writable handle);
+        raises the error a local call raises."""
+        if isinstance(request, TxnAppend):
+            messages = [message_of(m) for m in request.messages]
+            results = await self.append(wal, request.txn_id, messages)
+            return Appended(request.request, [wire_result(r) for r in results])
+        if isinstance(request, TxnCommit):
+            result = await self.commit(wal, request.txn_id)
+            return Appended(request.request, [wire_result(result)])
+        if isinstance(request, TxnRollback):
+            await self.rollback(wal, request.txn_id)
+            return Done(request.request)
+        if isinstance(request, TxnBegin):
+            txn = await self.begin(
+                wal, request.vchannel, request.keepalive, request.idempotency_key
+            )
+        else:
+            txn = self.resume(wal, request.txn_id)
+        replay = txn.replay
+        return TxnBegun(
+            request.request,
+            txn.txn_id,
+            txn.context.keepalive_ms,
+            txn.vchannel,
+            txn.idempotency_key,
+            wire_result(txn.begin_result),
+            None if replay is None else [wire_result(r) for r in replay.bodies],
+            None if replay is None else wire_result(replay.commit),
+        )
+
+    async def begin(
+        self, wal: LocalWAL, vchannel: str, keepalive: float, idempotency_key: str | None
+    ) -> Txn:
+        """``wal.begin_txn(...)``; the handle is kept under its id."""
+        txn = await wal.begin_txn(vchannel, keepalive=keepalive, idempotency_key=idempotency_key)
+        self._entries[(wal.pchannel, txn.txn_id)] = _Entry(txn, self._clock())
+        self._forget_idle()
+        return txn
+
+    def resume(self, wal: LocalWAL, txn_id: int) -> Txn:
+        """The handle of transaction ``txn_id``; raises ``UnknownTxn`` if the node has
+        none, and the error that ended it if a call ended it (``TxnNotActive`` once
+        committed or rolled back)."""
+        entry = self._entry(wal, txn_id)
+        if entry.ended_by is not None:
+            raise type(entry.ended_by)(str(entry.ended_by))
+        if entry.txn.state is not TxnState.OPEN:
+            raise TxnNotActive(f"transaction {txn_id} is {entry.txn.state.value}")
+        return entry.txn
+
+    async def append(
+        self, wal: LocalWAL, txn_id: int, messages: list[Message]
+    ) -> list[AppendResult]:
+        """``Txn.append`` (one message) or ``Txn.append_many`` (more)."""
+        entry = self._entry(wal, txn_id)
+        try:
+            if len(messages) == 1:
+                return [await entry.txn.append(messages[0])]
+            return await entry.txn.append_many(messages)
+        except TxnError as exc:
+            entry.ended_by = entry.ended_by or exc
+            raise
+
+    async def commit(self, wal: LocalWAL, txn_id: int) -> AppendResult:
+        """``Txn.commit``."""
+        entry = self._entry(wal, txn_id)
+        try:
+            return await entry.txn.commit()
+        except TxnError as exc:
+            entry.ended_by = entry.ended_by or exc
+            raise
+
+    async def rollback(self, wal: LocalWAL, txn_id: int) -> None:
+        """``Txn.rollback``."""
+        entry = self._entry(wal, txn_id)
+        try:
+            await entry.txn.rollback()
+        except TxnError as exc:
+            entry.ended_by = entry.ended_by or exc
+            raise
+
+    def _entry(self, wal: LocalWAL, txn_id: int) -> _Entry:
+        key = (wal.pchannel, txn_id)
+        entry = self._entries.get(key)
+        if entry is None:
+            raise UnknownTxn(f"transaction {txn_id} is not open on this node")
+        entry.touched = self._clock()
+        self._entries.move_to_end(key)
+        return entry
+
+    def _forget_idle(self) -> None:
+        """Past the bound, forget the least recently used handles that ended or idled
+        past their keepalive (open ones in use are kept, however many)."""
+        entries = self._entries
+        now = self._clock()
+        while len(entries) > self._kept:
+            key, entry = next(iter(entries.items()))
+            if not entry.idle(now):
+                return
+            del entries[key]
