@@ -392,3 +392,33 @@ async def test_producers_and_a_reader_ride_through_a_drained_and_replaced_node(
     assert [m.payload for m in log] == seen
     assert {m.payload: m.message_id for m in log} == acknowledged
     assert any(wal.connection.reconnects for wal in wals)
+
+
+async def test_a_subscription_reader_resumes_without_gap_or_duplicate(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    """Cut under a subscription stream that acknowledges as it goes: the node's scanner
+    of the old connection writes its checkpoint and releases the name, the resumed
+    stream starts from that checkpoint, and the client drops what it had received."""
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with (
+        await walsvc.open_wal(node, pchannel) as writer,
+        await walsvc.open_wal(url, pchannel, read_only=True, window_messages=32) as reader,
+    ):
+        expected = [b"%d" % i for i in range(300)]
+        await writer.append_many([Message(payload=p, vchannel="v") for p in expected])
+        got: list[bytes] = []
+        async with asyncio.timeout(60):
+            scanner = reader.read(DeliverPolicy.all(), subscription="resumer")
+            async for message in scanner:
+                got.append(message.payload)
+                if len(got) % 7 == 0:
+                    await scanner.ack(message)
+                if len(got) % 60 == 0:
+                    tcp.cut()
+                if len(got) == len(expected):
+                    break
+            await scanner.aclose()
+        assert got == expected
+        assert reader.connection.reconnects >= 4

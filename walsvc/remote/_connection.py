@@ -29,6 +29,7 @@ from walsvc.core._errors import (
     BackendUnavailable,
     CorruptRecord,
     MessageTooLarge,
+    SubscriptionBusy,
     UnsupportedVersion,
     WALClosed,
     WALError,
@@ -203,6 +204,7 @@ class Connection:
     __slots__ = (
         "_address",
         "_closing",
+        "_handle",
         "_heard",
         "_heartbeat",
         "_ids",
@@ -243,6 +245,8 @@ class Connection:
         self._lost: WALError | None = None
         self._closing = False
         self._reopen: Reopen | None = None
+        #: The WAL handle on the current socket (once a reconnect reopened it).
+        self._handle: int | None = None
         self._reconnecting = False
         self._tasks: set[asyncio.Task[None]] = set()
         #: Frame bytes received from the node (length prefixes included).
@@ -491,7 +495,7 @@ class Connection:
         self._install(socket)
         assert self._reopen is not None
         try:
-            handle = await self._reopen(self)
+            handle = self._handle = await self._reopen(self)
         except BaseException:
             self._socket = None
             socket.writer.abort()
@@ -506,8 +510,31 @@ class Connection:
             writer.send(_encode(item), pending.mark_sent if pending.append else None)
             pending.held = False
         for scanner in list(self._streams.values()):
-            writer.send(_encode(scanner._resume(handle)))
+            if not scanner._user_closed:
+                writer.send(_encode(scanner._resume(handle)))
         self._reconnecting = False  # from here requests go straight out again
+
+    async def _read_again(self, scanner: RemoteScanner) -> None:
+        """Send a resumed subscription stream's ``Read`` again, with backoff, while the
+        node still holds the name for the reader of a connection it has yet to close;
+        past ``reconnect_timeout`` the stream ends with ``SubscriptionBusy``."""
+        loop = asyncio.get_running_loop()
+        deadline = scanner._busy_since = scanner._busy_since or loop.time()
+        deadline += self._reconnect_timeout
+        await asyncio.sleep(min(_MAX_BACKOFF, 0.02 * 2 ** min(scanner._busy_tries, 6)))
+        scanner._busy_tries += 1
+        if self._streams.get(scanner._stream) is not scanner:
+            return  # closed meanwhile
+        if loop.time() > deadline:
+            del self._streams[scanner._stream]
+            scanner._finish(
+                SubscriptionBusy(
+                    f"subscription {scanner._read.subscription!r} stayed busy on"
+                    f" {self.where} for {self._reconnect_timeout:g} s after a reconnect"
+                )
+            )
+        elif self._sending and self._handle is not None:
+            self.send(scanner._resume(self._handle))
 
     def direct(self, item: msgspec.Struct, request: int) -> asyncio.Future[Any]:
         """Send ``item`` now on the current socket, ahead of what waits to be resent
@@ -533,7 +560,15 @@ class Connection:
                 scanner._deliver(message.messages)
         elif isinstance(message, StreamEnded):
             scanner = self._streams.get(message.stream)
-            if scanner is not None and not self._resumable(message.code):
+            if (
+                scanner is not None
+                and message.code == ErrorCode.SUBSCRIPTION_BUSY
+                and scanner._resumed
+                and self._reconnects_at_all
+                and not self._closing
+            ):  # the node has yet to close the old connection's reader of the name
+                self._spawn(self._read_again(scanner))
+            elif scanner is not None and not self._resumable(message.code):
                 del self._streams[message.stream]
                 scanner._finish(
                     None

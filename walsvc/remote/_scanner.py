@@ -21,6 +21,7 @@ import msgspec
 
 from walsvc.core._api import Scanner, ScannerStats
 from walsvc.core._errors import (
+    BackendUnavailable,
     InvalidArgument,
     SubscriptionBusy,
     WALClosed,
@@ -78,6 +79,8 @@ class RemoteScanner(Scanner):
     __slots__ = (
         "_ack_error",
         "_buffer",
+        "_busy_since",
+        "_busy_tries",
         "_claim",
         "_delivered",
         "_end",
@@ -86,6 +89,7 @@ class RemoteScanner(Scanner):
         "_position",
         "_read",
         "_received",
+        "_resumed",
         "_skip_through",
         "_start_tick",
         "_started",
@@ -131,6 +135,10 @@ class RemoteScanner(Scanner):
         #: After a subscription stream resumed (from its checkpoint, on the node): the
         #: messages up to this id were received before and are dropped.
         self._skip_through: MessageId | None = None
+        #: Resumed on a later socket (a subscription's name may still be held there).
+        self._resumed = False
+        self._busy_since = 0.0
+        self._busy_tries = 0
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -168,6 +176,7 @@ class RemoteScanner(Scanner):
         on the node, dropping what was received before), with the credit the buffer
         leaves."""
         read = self._read
+        self._resumed = True
         if self._received is not None:
             deliver, deliver_id, after = "start_after", self._received, 0
             if read.subscription is not None:
@@ -327,12 +336,8 @@ class RemoteScanner(Scanner):
             if self._subscription is not None and self._end is None:
                 request = conn.next_id()
                 await conn.request(Flush(request, self._stream, True), request).future
-        except WALError:
-            try:
-                conn.check()
-            except WALError:
-                return  # lost: the node closed the stream, writing its checkpoint, itself
-            raise
+        except BackendUnavailable:
+            return  # the socket was lost: the node closed the stream, writing its checkpoint
         finally:
             conn.forget_stream(self._stream)
             self._release()
