@@ -442,7 +442,7 @@ class RemoteWAL(WAL):
             wire.idempotency_key,
             wire.term,
             wire.persisted,
-            tuple(self._message(inner) for inner in wire.body),
+            tuple(self._message(inner) for inner in wire.body) if wire.body else (),
             wire.durable_tick,
         )
 

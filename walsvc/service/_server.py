@@ -98,26 +98,40 @@ _TXN_REQUESTS: Final = (TxnBegin, TxnResume, TxnAppend, TxnCommit, TxnRollback)
 
 
 def _wire_delivered(m: ImmutableMessage) -> WireDelivered:
+    """A delivered message as it crosses the wire (the per-message work of every stream:
+    kept to what must change: ids to text, a producer key dropped)."""
     lc = m.last_confirmed_id
+    if lc is None:
+        lc_text = None
+    elif lc == _last_lc[0]:  # consecutive messages mostly share their last-confirmed id
+        lc_text = _last_lc[1]
+    else:
+        lc_text = lc.marshal()
+        _last_lc[:] = (lc, lc_text)
     txn = m.txn
     key = m.idempotency_key
     if key is not None and key.startswith(PRODUCER_KEY_PREFIX):
         key = None  # a client's producer key: the appender gave the message none
+    properties = m.properties
     return WireDelivered(
         m.message_id.marshal(),
         m.timetick,
         m.vchannel,
-        int(m.type),
+        m.type,  # an IntEnum: msgpack encodes its value
         m.payload,
-        dict(m.properties),
-        None if lc is None else lc.marshal(),
+        properties if type(properties) is dict else dict(properties),
+        lc_text,
         None if txn is None else (txn.txn_id, txn.keepalive_ms),
         key,
         m.term,
         m.persisted,
         m.durable_tick,
-        [_wire_delivered(inner) for inner in m.body],
+        [_wire_delivered(inner) for inner in m.body] if m.body else [],
     )
+
+
+#: The last last-confirmed id marshalled, and its text.
+_last_lc: list[Any] = [None, None]
 
 
 def _cost(m: ImmutableMessage) -> int:
