@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,14 +260,17 @@ async def test_a_user_key_with_the_producer_prefix_is_refused(node: str) -> None
             await wal.append(Message(payload=b"a", vchannel="v", idempotency_key="~mine"))
 
 
-async def test_a_node_killed_and_restarted_under_64_producers_loses_and_repeats_nothing(
+async def _replace_the_node_under_load(
     tmp_path: Path,
-) -> None:
-    """kill -9 of a node over file:// while 64 producers append and a consumer reads
-    through a proxy; a new node on the same log takes over behind the same address.
-    Every acknowledged append is delivered to the consumer exactly once, each
-    producer's in its order; nothing else is in the log but appends that were in flight
-    (resent, and landed once)."""
+    producers: int,
+    each: int,
+    stop: Callable[[TcpProxy, subprocess.Popen[str]], Awaitable[None]],
+) -> tuple[list[walsvc.WAL], dict[bytes, walsvc.MessageId]]:
+    """``producers`` producers (over 8 connections) append ``each`` messages and a
+    consumer reads, all through a proxy, to a node over a file:// log; once 600 appends
+    were acknowledged ``stop`` ends the node, and a new one on the same log takes over
+    behind the proxy. Checks that every acknowledged append reached the consumer once,
+    each producer's in order, and that the log holds exactly those, at their ids."""
     log_url = f"file://{tmp_path}"
     pchannel = _pchannel()
     acknowledged: dict[bytes, walsvc.MessageId] = {}
@@ -283,25 +287,22 @@ async def test_a_node_killed_and_restarted_under_64_producers_loses_and_repeats_
 
         async def produce(producer: int) -> None:
             wal = wals[producer % 8]
-            for i in range(40):
+            for i in range(each):
                 payload = b"%d-%d" % (producer, i)
                 result = await wal.append(Message(payload=payload, vchannel=f"v{producer % 4}"))
                 acknowledged[payload] = result.message_id
 
         consumer = asyncio.ensure_future(consume())
-        producers = asyncio.ensure_future(asyncio.gather(*(produce(p) for p in range(64))))
+        running = asyncio.ensure_future(asyncio.gather(*(produce(p) for p in range(producers))))
         async with asyncio.timeout(30):
             while len(acknowledged) < 600:  # noqa: ASYNC110 (no event to wait on)
                 await asyncio.sleep(0.005)
-        tcp.hold("down")  # appends still land; their answers die with the node
-        await asyncio.sleep(0.2)
-        first.kill()
-        first.wait()
-        tcp.cut()  # the dead node's sockets are closed (the held ones too)
+        await stop(tcp, first)
         with node_process(log_url) as (second_url, _):
             tcp.retarget(second_url)
+            tcp.refusing = False
             async with asyncio.timeout(120):
-                await producers
+                await running  # raises if any append failed
                 while len(seen) < len(acknowledged):  # noqa: ASYNC110 (no event to wait on)
                     await asyncio.sleep(0.01)
             consumer.cancel()
@@ -309,15 +310,48 @@ async def test_a_node_killed_and_restarted_under_64_producers_loses_and_repeats_
                 await wal.aclose()
             await tcp.aclose()
             log = await _log(second_url, pchannel)
-    assert len(acknowledged) == 64 * 40
+    assert len(acknowledged) == producers * each
     assert len(seen) == len(set(seen)), "the consumer got a message twice"
     assert set(seen) == set(acknowledged)
-    for producer in range(64):
+    for producer in range(producers):
         mine = [p for p in seen if p.startswith(b"%d-" % producer)]
-        assert mine == [b"%d-%d" % (producer, i) for i in range(40)]
+        assert mine == [b"%d-%d" % (producer, i) for i in range(each)]
     assert [m.payload for m in log] == seen
     assert {m.payload: m.message_id for m in log} == acknowledged
+    return wals, acknowledged
+
+
+async def test_a_node_killed_and_restarted_under_64_producers_loses_and_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of a node over file:// while 64 producers append and a consumer reads;
+    the appends in flight (their answers held back, so they landed unanswered) are
+    resent to the new node and land once (its dedup window is rebuilt from the log)."""
+
+    async def kill(tcp: TcpProxy, node: subprocess.Popen[str]) -> None:
+        tcp.hold("down")  # appends still land; their answers die with the node
+        await asyncio.sleep(0.2)
+        node.kill()
+        node.wait()
+        tcp.cut()  # the dead node's sockets are closed (the held ones too)
+
+    wals, _ = await _replace_the_node_under_load(tmp_path, 64, 40, kill)
     assert all(wal.connection.reconnects >= 1 for wal in wals)
+
+
+async def test_producers_and_a_reader_ride_through_a_drained_and_replaced_node(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM drains the node (clients hear GoingAway, hold new requests, and resend
+    what the draining node refused on the next socket); no call fails."""
+
+    async def drain(tcp: TcpProxy, node: subprocess.Popen[str]) -> None:
+        tcp.refusing = True  # the next node is not up yet
+        node.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(node.wait, 30) == 0
+
+    wals, _ = await _replace_the_node_under_load(tmp_path, 16, 60, drain)
+    assert any(wal.connection.reconnects for wal in wals)
 
 
 async def test_a_caller_firing_appends_without_awaiting_waits_for_room(
@@ -338,60 +372,6 @@ async def test_a_caller_firing_appends_without_awaiting_waits_for_room(
         results = await asyncio.gather(*calls)
         assert len({r.message_id for r in results}) == 200
         assert max(waiting) <= 8
-
-
-async def test_producers_and_a_reader_ride_through_a_drained_and_replaced_node(
-    tmp_path: Path,
-) -> None:
-    """SIGTERM drains the node (clients hear GoingAway, hold new requests, and resend
-    what the draining node refused on the next socket); a new node on the same log takes
-    over behind the same address. No call fails; everything lands once, and the reader
-    sees every message once, in order."""
-    log_url = f"file://{tmp_path}"
-    pchannel = _pchannel()
-    acknowledged: dict[bytes, walsvc.MessageId] = {}
-    with node_process(log_url) as (first_url, first):
-        tcp = TcpProxy.for_url(first_url)
-        url = await tcp.start()
-        wals = [await walsvc.open_wal(url, pchannel) for _ in range(4)]
-        reader = await walsvc.open_wal(url, pchannel, read_only=True)
-        seen: list[bytes] = []
-
-        async def consume() -> None:
-            async for message in reader.read(DeliverPolicy.all()):
-                seen.append(message.payload)  # noqa: PERF401 (seen is watched while it grows)
-
-        async def produce(producer: int) -> None:
-            wal = wals[producer % 4]
-            for i in range(60):
-                payload = b"%d-%d" % (producer, i)
-                result = await wal.append(Message(payload=payload, vchannel="v"))
-                acknowledged[payload] = result.message_id
-
-        consumer = asyncio.ensure_future(consume())
-        producers = asyncio.ensure_future(asyncio.gather(*(produce(p) for p in range(16))))
-        async with asyncio.timeout(30):
-            while len(acknowledged) < 200:  # noqa: ASYNC110 (no event to wait on)
-                await asyncio.sleep(0.005)
-        tcp.refusing = True  # the restarted node is not up yet
-        first.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(first.wait, 30) == 0
-        with node_process(log_url) as (second_url, _):
-            tcp.retarget(second_url)
-            tcp.refusing = False
-            async with asyncio.timeout(60):
-                await producers  # raises if any append failed
-                while len(seen) < len(acknowledged):  # noqa: ASYNC110 (no event to wait on)
-                    await asyncio.sleep(0.01)
-            consumer.cancel()
-            for wal in [*wals, reader]:
-                await wal.aclose()
-            await tcp.aclose()
-            log = await _log(second_url, pchannel)
-    assert len(acknowledged) == 16 * 60
-    assert [m.payload for m in log] == seen
-    assert {m.payload: m.message_id for m in log} == acknowledged
-    assert any(wal.connection.reconnects for wal in wals)
 
 
 async def test_a_subscription_reader_resumes_without_gap_or_duplicate(
