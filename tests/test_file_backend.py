@@ -285,8 +285,17 @@ async def test_a_scanner_behind_a_truncation_never_skips(
             assert cut is not None
             await wal.truncate(FileMessageId(cut))
             if deleted == "its-segment-only":
-                await _read_collecting(scanner, ids, last)
-                assert ids == list(range(last + 1))
+                # It reads on through its open segment; past it, record ``cut`` was
+                # truncated: a scanner that had not buffered it yet says so (which batch
+                # sizes decide, so both are right), one that had goes on to the end.
+                try:
+                    await _read_collecting(scanner, ids, last)
+                except WALTruncated:
+                    assert ids == list(range(len(ids))), "a gap before WALTruncated"
+                    assert ids[-1] + 1 <= cut, "WALTruncated although nothing was skipped"
+                    assert ids[-1] + 1 >= starts[1], "it stopped inside the open segment"
+                else:
+                    assert ids == list(range(last + 1))
             else:
                 with pytest.raises(WALTruncated):
                     await _read_collecting(scanner, ids, last)
