@@ -39,6 +39,7 @@ __all__ = (
     "StoredSubscription",
     "SubscriptionScope",
     "SubscriptionStore",
+    "check_checkpoint_interval",
     "check_scope",
     "check_subscription_name",
     "decode_subscription",
@@ -59,6 +60,18 @@ def check_subscription_name(name: str) -> str:
             " starting with a letter or digit"
         )
     return name
+
+
+def check_checkpoint_interval(seconds: float) -> float:
+    """Return ``seconds`` as a float if it is a checkpoint interval ``WAL.read`` takes
+    (a number in [0, 3600], not a bool); raise ``InvalidArgument`` otherwise."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 <= seconds <= 3600
+    ):
+        raise InvalidArgument(f"checkpoint_interval must be in [0, 3600] seconds, not {seconds!r}")
+    return float(seconds)
 
 
 def is_subscription_name(name: str) -> bool:

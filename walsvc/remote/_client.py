@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Iterable
 from typing import Final, final
 
-from walsvc.backends._subscriptions import check_subscription_name
+from walsvc.backends._subscriptions import check_checkpoint_interval, check_subscription_name
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import (
     InvalidArgument,
@@ -338,14 +338,7 @@ class RemoteWAL(WAL):
         conn = self._conn
         claim = None
         if subscription is not None:
-            if (
-                isinstance(checkpoint_interval, bool)
-                or not isinstance(checkpoint_interval, int | float)
-                or not 0 <= checkpoint_interval <= 3600
-            ):
-                raise InvalidArgument(
-                    f"checkpoint_interval must be in [0, 3600] seconds, not {checkpoint_interval!r}"
-                )
+            check_checkpoint_interval(checkpoint_interval)
             check_subscription_name(subscription)
             claim = claim_subscription(conn.where, self._pchannel, subscription)
         window_messages, window_bytes = self._window

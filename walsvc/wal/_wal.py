@@ -18,7 +18,7 @@ from typing import Final, final
 
 from scanners._tail_cache import CacheStats, TailCache
 from walsvc.backends._base import Backend
-from walsvc.backends._subscriptions import SubscriptionScope
+from walsvc.backends._subscriptions import SubscriptionScope, check_checkpoint_interval
 from walsvc.core._chain import (
     AppendBatchNext,
     AppendNext,
@@ -465,14 +465,7 @@ class LocalWAL(WAL):
         selected = Filter.combine(filters)
         claimed = None
         if subscription is not None:
-            if (
-                isinstance(checkpoint_interval, bool)
-                or not isinstance(checkpoint_interval, int | float)
-                or not 0 <= checkpoint_interval <= 3600
-            ):
-                raise InvalidArgument(
-                    f"checkpoint_interval must be in [0, 3600] seconds, not {checkpoint_interval!r}"
-                )
+            check_checkpoint_interval(checkpoint_interval)
             store = self._backend.subscriptions()
             store.claim(subscription)
             claimed = Subscription(
