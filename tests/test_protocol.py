@@ -10,7 +10,7 @@ import pytest
 
 import walsvc
 from walsvc.remote import _protocol as p
-from walsvc.remote._frames import FrameTooLarge, FrameWriter, read_frame
+from walsvc.remote._frames import FRAME_ITEMS, FrameTooLarge, FrameWriter, read_frame
 
 
 def test_every_error_code_maps_to_one_walsvc_error_and_back() -> None:
@@ -76,7 +76,7 @@ def test_the_byte_forms_of_transactions_and_subscriptions() -> None:
     assert both == [p.Flush(3, 4, True), p.TxnResume(5, 1, 9)]
 
 
-async def test_a_writer_batches_what_one_loop_turn_queued_into_one_frame() -> None:
+async def test_a_writer_batches_a_loop_turn_into_frames_of_at_most_frame_items() -> None:
     frames: list[bytes] = []
     done = asyncio.Event()
 
@@ -94,17 +94,23 @@ async def test_a_writer_batches_what_one_loop_turn_queued_into_one_frame() -> No
     _, client = await asyncio.open_connection("127.0.0.1", port)
     writer = FrameWriter(client)
     sent: list[int] = []
-    for i in range(100):
+    burst = 3 * FRAME_ITEMS + 4
+    for i in range(burst):  # one loop turn: full frames leave at once, the rest at its end
+        writer.send(msgspec.msgpack.encode(p.CloseStream(i)), lambda i=i: sent.append(i))
+        if i == FRAME_ITEMS - 1:
+            assert sent == list(range(FRAME_ITEMS))  # written before the turn ended
+    await asyncio.sleep(0)
+    for i in range(burst, burst + 5):  # the next turn's few share one frame
         writer.send(msgspec.msgpack.encode(p.CloseStream(i)), lambda i=i: sent.append(i))
     await writer.aclose()
     await asyncio.wait_for(done.wait(), 10)
     server.close()
     await server.wait_closed()
-    assert len(frames) == 1
-    assert msgspec.msgpack.decode(frames[0], type=list[p.ClientMessage]) == [
-        p.CloseStream(i) for i in range(100)
-    ]
-    assert sent == list(range(100))
+    decoded = [msgspec.msgpack.decode(f, type=list[p.ClientMessage]) for f in frames]
+    assert [len(f) for f in decoded] == [FRAME_ITEMS] * 3 + [4, 5]
+    assert [m for f in decoded for m in f] == [p.CloseStream(i) for i in range(burst + 5)]
+    assert sent == list(range(burst + 5))
+    assert writer.queued_bytes == 0
 
 
 async def test_a_length_prefix_above_the_limit_is_refused_before_the_body() -> None:

@@ -3,10 +3,15 @@
 ``FrameWriter`` owns the write side of a connection: callers queue encoded messages
 (``send``), and its task drains everything queued by the time it runs into one frame
 per turn of the event loop, so concurrent requests (or answers, or deliveries) share a
-frame and a write. It counts the bytes queued and not yet taken by the peer; with a
-high water it reports when they exceed it (callers then stop producing: the node stops
-reading that peer's requests) and since when. ``read_frame`` reads one frame body,
-refusing a length prefix above the limit before reading the body.
+frame and a write. A burst does not wait for its end: once ``FRAME_ITEMS`` messages are
+queued they leave at once, so the peer starts on the first of them while the rest are
+produced. (Appends through a node pipeline this way: many producers' answers in several
+frames instead of one split the producers into cohorts, one on the disk while another is
+on the wire; measured in the commit that added it.) It counts the bytes queued and not
+yet taken by the peer; with a high water it reports when they exceed it (callers then
+stop producing: the node stops reading that peer's requests) and since when.
+``read_frame`` reads one frame body, refusing a length prefix above the limit before
+reading the body.
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ from walsvc.core._errors import CorruptRecord
 
 from ._protocol import FRAME_HEADER, MAX_FRAME_BYTES, array_header
 
-__all__ = ("FrameTooLarge", "FrameWriter", "read_frame")
+__all__ = ("FRAME_ITEMS", "FrameTooLarge", "FrameWriter", "read_frame")
 
 _HEADER_SIZE: Final = FRAME_HEADER.size
 #: Room for the frame's array header within ``MAX_FRAME_BYTES``.
 _ARRAY_HEADER_ROOM: Final = 5
+#: Messages queued that make a frame leave at once, without waiting for the loop turn
+#: (measured with 8 to 256 producers appending through a node: 16 gains little, 64 gains
+#: only from 128 producers up, 32 gains from 64 up).
+FRAME_ITEMS: Final = 32
 
 
 class FrameTooLarge(CorruptRecord):
@@ -62,6 +71,7 @@ class FrameWriter:
         "_queue",
         "_queued",
         "_task",
+        "_unsettled",
         "_wakeup",
         "_writable",
         "_writer",
@@ -76,6 +86,7 @@ class FrameWriter:
         self._closing = False
         self._error: BaseException | None = None
         self._queued = 0
+        self._unsettled = 0  # bytes written to the transport, not yet seen drained
         self._high_water = high_water
         self._low_water = -1 if high_water is None else high_water // 2
         self._writable = asyncio.Event()
@@ -118,33 +129,49 @@ class FrameWriter:
             self._writable.clear()
             self.over_since = asyncio.get_running_loop().time()
         self._wakeup.set()
+        if (
+            len(self._queue) >= FRAME_ITEMS
+            and not self._closing
+            and not self._writer.transport.is_closing()
+        ):
+            self._write_frame()
+
+    def _write_frame(self) -> None:
+        """Write one frame of the messages queued (as many as fit) to the transport;
+        their bytes count as queued until ``_run`` sees the transport drained."""
+        queue, writer = self._queue, self._writer
+        items: list[bytes] = []
+        callbacks: list[Sent] = []
+        size = 0
+        limit = MAX_FRAME_BYTES - _ARRAY_HEADER_ROOM
+        while queue and size + len(queue[0][0]) <= limit:
+            item, on_sent = queue.popleft()
+            items.append(item)
+            size += len(item)
+            if on_sent is not None:
+                callbacks.append(on_sent)
+        if not items:  # a caller broke the contract: drop the item, not the link
+            self._queued -= len(queue.popleft()[0])
+            return
+        head = array_header(len(items))
+        writer.write(FRAME_HEADER.pack(size + len(head)) + head + b"".join(items))
+        self._unsettled += size
+        for on_sent in callbacks:
+            on_sent()
 
     async def _run(self) -> None:
         queue, writer = self._queue, self._writer
-        limit = MAX_FRAME_BYTES - _ARRAY_HEADER_ROOM
         try:
             while True:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                while queue:
-                    items: list[bytes] = []
-                    callbacks: list[Sent] = []
-                    size = 0
-                    while queue and size + len(queue[0][0]) <= limit:
-                        item, on_sent = queue.popleft()
-                        items.append(item)
-                        size += len(item)
-                        if on_sent is not None:
-                            callbacks.append(on_sent)
-                    if not items:  # a caller broke the contract: drop the item, not the link
-                        self._queued -= len(queue.popleft()[0])
-                        continue
-                    head = array_header(len(items))
-                    writer.write(FRAME_HEADER.pack(size + len(head)) + head + b"".join(items))
-                    for on_sent in callbacks:
-                        on_sent()
+                while queue or self._unsettled:
+                    if queue:
+                        self._write_frame()
+                    written = self._unsettled
                     await writer.drain()
-                    self._queued -= size
+                    self._unsettled -= written
+                    self._queued -= written
                     if self.over_since is not None and self._queued <= self._low_water:
                         self.over_since = None
                         self._writable.set()

@@ -68,33 +68,38 @@ def check_credit(messages: int, bytes_: int) -> None:
 
 @final
 class Requests:
-    """The requests of one connection in flight: their tasks (iterable, sized), the bytes
-    of messages they hold, and whether the node may read more (``room``)."""
+    """The requests of one connection in flight: their futures (tasks, or the future of
+    a group of appends; iterable), how many requests they answer (``len``), the bytes of
+    messages they hold, and whether the node may read more (``room``)."""
 
-    __slots__ = ("_high", "_high_bytes", "_room", "_tasks", "bytes")
+    __slots__ = ("_count", "_high", "_high_bytes", "_room", "_tasks", "bytes")
 
     def __init__(self, limits: NodeLimits) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._count = 0
         self._high, self._high_bytes = limits.max_in_flight, limits.max_in_flight_bytes
         self._room = asyncio.Event()
         self._room.set()
         #: Bytes of messages held by the requests in flight (payloads plus 64 each).
         self.bytes = 0
 
-    def add(self, task: asyncio.Task[Any], charge: int) -> None:
-        """Count ``task`` in flight until it is done, holding ``charge`` bytes."""
+    def add(self, task: asyncio.Future[Any], charge: int, requests: int = 1) -> None:
+        """Count ``task`` in flight until it is done, as ``requests`` requests holding
+        ``charge`` bytes."""
         self._tasks.add(task)
         self.bytes += charge
-        task.add_done_callback(functools.partial(self._done, charge))
-        if len(self._tasks) > self._high or self.bytes > self._high_bytes:
+        self._count += requests
+        task.add_done_callback(functools.partial(self._done, charge, requests))
+        if self._count > self._high or self.bytes > self._high_bytes:
             self._room.clear()
 
-    def _done(self, charge: int, task: asyncio.Task[Any]) -> None:
+    def _done(self, charge: int, requests: int, task: asyncio.Future[Any]) -> None:
         self._tasks.discard(task)
         self.bytes -= charge
+        self._count -= requests
         if (
             not self._room.is_set()
-            and len(self._tasks) <= self._high // 2
+            and self._count <= self._high // 2
             and self.bytes <= self._high_bytes // 2
         ):
             self._room.set()
@@ -109,9 +114,9 @@ class Requests:
         await self._room.wait()
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return self._count
 
-    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+    def __iter__(self) -> Iterator[asyncio.Future[Any]]:
         return iter(list(self._tasks))
 
 

@@ -3,8 +3,9 @@
 The node is each pchannel's single writer: it opens one WAL per pchannel on first use
 (through its interceptor chain, so it is the one timetick authority) and keeps it for
 all its clients. A connection is a session: the handshake first (versions, token),
-then requests answered in any order (each append runs as its own task, so concurrent
-appends coalesce in the WAL) and streams fed from the WAL's scanners (the WAL filters
+then requests answered in any order (the appends of one frame start together as
+independent appends, ``LocalWAL.submit_group``, and coalesce in the WAL with no task of
+their own) and streams fed from the WAL's scanners (the WAL filters
 by header; the tail cache serves tailing readers) within each stream's credit.
 Transactions belong to the node, not the connection (``_txns``): closing a connection
 aborts none. A stream's scanner closes (its subscription's checkpoint written, the name
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 import msgspec
 
@@ -31,7 +33,7 @@ from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import CorruptRecord, InvalidArgument, WALClosed, WALError, WALReadOnly
 from walsvc.core._filter import Filter
 from walsvc.core._ids import unmarshal_message_id
-from walsvc.core._message import ImmutableMessage
+from walsvc.core._message import AppendResult, ImmutableMessage, Message
 from walsvc.core._timetick import HybridClock
 from walsvc.read._scanner import LocalScanner
 from walsvc.remote._frames import FrameWriter, read_frame
@@ -79,6 +81,7 @@ from walsvc.remote._protocol import (
 )
 from walsvc.wal._open import open_wal
 from walsvc.wal._wal import LocalWAL
+from walsvc.write._coalesce import Outcome
 
 from ._drain import DRAINING, drain_node, draining_answer
 from ._limits import STATUS_CHARGE, Requests, Watchdog, check_credit, keep_alive
@@ -206,7 +209,7 @@ class _Session:
         if self.draining and (answer := draining_answer(message)) is not None:
             self._send(answer)
         elif isinstance(message, Append):
-            self._spawn(self._append(message), 64 + len(message.message.payload))
+            self._append_group([message])
         elif isinstance(message, Credit):
             stream = self._streams.get(message.stream)
             if stream is not None:
@@ -268,13 +271,64 @@ class _Session:
         scheme = self._node.url.partition("://")[0]
         self._send(Opened(request.request, handle, wal.term, request.read_only, scheme))
 
-    async def _append(self, request: Append) -> None:
+    def handle_frame(self, messages: list[ClientMessage]) -> None:
+        """``handle`` each message of a frame in order, except that runs of ``Append``
+        to one WAL start together (``_append_group``), as their producers did."""
+        run: list[Append] = []
+        for message in messages:
+            if type(message) is Append and not self.draining:
+                if run and run[0].wal != message.wal:
+                    self._append_group(run)
+                    run = []
+                run.append(message)
+                continue
+            if run:
+                self._append_group(run)
+                run = []
+            self.handle(message)
+        if run:
+            self._append_group(run)
+
+    def _append_group(self, requests: list[Append]) -> None:
+        """Start the appends of ``requests`` (to one WAL) as independent appends, with
+        no task: the WAL's future for the group answers each from its callback."""
         try:
-            result = await self._writable(request.wal).append(message_of(request.message))
+            wal = self._writable(requests[0].wal)
         except Exception as exc:
-            self._fail(request.request, exc)
+            for request in requests:
+                self._fail(request.request, exc)
             return
-        self._send(Appended(request.request, [wire_result(result)]))
+        messages: list[Message] = []
+        started: list[int] = []
+        charge = 0
+        for request in requests:
+            try:
+                messages.append(message_of(request.message))
+            except Exception as exc:  # an invalid message fails alone
+                self._fail(request.request, exc)
+                continue
+            started.append(request.request)
+            charge += 64 + len(request.message.payload)
+        if not messages:
+            return
+        appended = wal.submit_group(messages)
+        self._tasks.add(appended, charge, len(started))
+        appended.add_done_callback(functools.partial(self._appended, started))
+
+    def _appended(self, requests: list[int], appended: asyncio.Future[list[Outcome]]) -> None:
+        if appended.cancelled():
+            return  # the connection closed before its batch started: not in the log
+        error = appended.exception()
+        if error is not None:
+            for request in requests:
+                self._fail(request, error)
+            return
+        send, fail = self._send, self._fail
+        for request, outcome in zip(requests, appended.result(), strict=True):
+            if type(outcome) is AppendResult:
+                send(Appended(request, [wire_result(outcome)]))
+            else:
+                fail(request, cast(Exception, outcome))
 
     async def _append_many(self, request: AppendMany) -> None:
         try:
@@ -605,8 +659,7 @@ class NodeServer:
         )
         try:
             while not frames.closed:
-                for message in _decode(await watchdog.read_frame(reader)):
-                    session.handle(message)
+                session.handle_frame(_decode(await watchdog.read_frame(reader)))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -51,7 +51,7 @@ from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message, MessageTyp
 from walsvc.core._timetick import TimetickAllocator
 from walsvc.read._scanner import LocalScanner, Subscription
 from walsvc.read._source import LogSource
-from walsvc.write._coalesce import AppendCoalescer, AppendEach, KeyedCoalescer
+from walsvc.write._coalesce import AppendCoalescer, AppendEach, KeyedCoalescer, Outcome, outcome_of
 from walsvc.write._serialization import SerializationPoint
 from walsvc.write._txn import Txn
 
@@ -188,7 +188,7 @@ class LocalWAL(WAL):
         # when it takes them together (Dedup, see CoalescingInterceptor); on every
         # backend, since a keyed append alone runs as a task of its own anyway.
         head = coalescing_head(self._members, point.serialize_batch)
-        self._keyed_coalescer = None if head is None else KeyedCoalescer(_each(*head))
+        self._keyed_coalescer = None if head is None else KeyedCoalescer(_each(*head), self._chain)
         #: The newest id in the log when this writer opened (the tail cache's first floor).
         self._newest_at_open: MessageId | None = None
         self._tick_listeners: list[TickListener] = []
@@ -327,12 +327,67 @@ class LocalWAL(WAL):
             finally:
                 for member in admitters:
                     member.release_plain(message)
-        keyed = self._keyed_coalescer
-        if keyed is not None:
-            result = await keyed.submit(message)
-            if result is not None:
-                return result  # else its interceptor wants it appended on its own
+        if self._keyed_coalescer is not None:
+            return await self._keyed_coalescer.submit(message)
         return await self._chain(message)
+
+    def submit(self, message: Message) -> asyncio.Future[AppendResult]:
+        """Start appending ``message`` as ``append`` would, without a coroutine of the
+        caller's: the future gets what ``append`` returns or raises. Cancelling it before
+        the message's batch starts leaves the message out of the log, as cancelling
+        ``append`` does. For callers that start many appends at once (the node answers
+        each remote append from its future's callback)."""
+        if (
+            self._writable
+            and type(message) is Message
+            and message.txn is None
+            and message.type not in SYSTEM_TYPES
+            and self._ready is None
+            and self._ready_error is None
+        ):
+            if message.idempotency_key is None:
+                if self._coalescer is not None:
+                    return self._coalescer.submit(message)
+            elif self._keyed_coalescer is not None:
+                return self._keyed_coalescer.submit(message)
+        return asyncio.ensure_future(self.append(message))
+
+    def submit_group(self, messages: Sequence[Message]) -> asyncio.Future[list[Outcome]]:
+        """Start appending each of ``messages`` as ``append`` would, independently (as
+        many producers would: one may fail while the others land, and nothing keeps
+        them contiguous); the future gets the list of their outcomes, each a result or
+        the error ``append`` would have raised, or raises what all of them raised.
+        Cancelling it before their batch starts leaves them all out of the log."""
+        if not messages:
+            done: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
+        kind = self._group_kind(messages)
+        if kind is not None:
+            return kind.submit_group(messages)
+        return asyncio.ensure_future(self._append_each_alone(messages))
+
+    def _group_kind(self, messages: Sequence[Message]) -> AppendCoalescer | KeyedCoalescer | None:
+        """The coalescer that takes every one of ``messages`` (all plain, or all keyed,
+        none of a system type or a transaction's, on a ready writer), or None."""
+        if not self._writable or self._ready is not None or self._ready_error is not None:
+            return None
+        keyed = messages[0].idempotency_key is not None
+        for message in messages:
+            if (
+                type(message) is not Message
+                or message.txn is not None
+                or message.type in SYSTEM_TYPES
+                or (message.idempotency_key is not None) is not keyed
+            ):
+                return None
+        return self._keyed_coalescer if keyed else self._coalescer
+
+    async def _append_each_alone(self, messages: Sequence[Message]) -> list[Outcome]:
+        """``submit_group`` for messages no coalescer takes together: each on its own."""
+        appends = [self.submit(message) for message in messages]
+        await asyncio.wait(appends)
+        return [outcome_of(append) for append in appends]
 
     async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
         """Append messages in order; return their results once all are durable.

@@ -9,12 +9,16 @@ waits one extra loop iteration; 64 concurrent producers share one batch.
 Two kinds, one per kind of message. ``AppendCoalescer`` takes plain messages down the
 batch chain. ``KeyedCoalescer`` takes keyed ones to the chain's ``CoalescingInterceptor``
 (``Dedup``: it claims their keys, appends the new ones as one batch and settles each key
-from its result), which answers each message on its own. Batches of one kind reach the
+from its result), which answers each message on its own, or leaves it to be appended
+alone down the chain (a key in flight elsewhere). Batches of one kind reach the
 serialization point in submission order. Nothing orders a plain and a keyed append in
 flight at the same time (one started while the other waits for its batch may land before
 it); an append that has returned is before every append started after it.
 
-Each producer gets its own answer: the batch's result, or its error. A plain batch
+Each producer gets its own answer: the batch's result, or its error. A caller that
+starts many appends at once (the node, for the appends of one frame) submits them as a
+group: they join the batch as if submitted one by one, and one future answers them all
+with the list of their outcomes. A plain batch
 refused before anything was written because one message is too large is re-run one
 message at a time, so only that message fails. A producer cancelled before its batch
 starts is left out of the batch, so its message is not appended; once the batch started,
@@ -26,60 +30,88 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar, cast, final
+from itertools import repeat
+from typing import Any, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge
 from walsvc.core._message import AppendResult, Message
 
-__all__ = ("AppendCoalescer", "KeyedCoalescer")
+__all__ = ("AppendCoalescer", "KeyedCoalescer", "Outcome", "outcome_of")
 
-_R = TypeVar("_R")
 #: What ``KeyedCoalescer`` hands its batches to (a ``CoalescingInterceptor`` over the
 #: rest of the chain): one outcome per message.
 AppendEach = Callable[[Sequence[Message]], Awaitable[Sequence[AppendResult | Exception | None]]]
+#: One message's outcome in a group's answer: its result or the error it raised.
+Outcome = AppendResult | Exception
 
 
-class _Coalescer(Generic[_R]):
-    """The gathering both kinds share: ``submit`` queues a message and its future; the
-    first submit of a loop iteration starts the task that takes the batch."""
+class _Coalescer:
+    """The gathering both kinds share: ``submit`` queues a message and its future,
+    ``submit_group`` messages and one future; the first submit of a loop iteration
+    starts the task that takes the batch."""
 
-    __slots__ = ("_futures", "_loop", "_messages", "_running")
+    __slots__ = ("_futures", "_groups", "_loop", "_messages", "_running")
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        # The batch being gathered: message i is answered through future i.
+        # The batch being gathered: message i is answered through future i (a group's
+        # future stands for each of its messages).
         self._messages: list[Message] = []
-        self._futures: list[asyncio.Future[_R]] = []
-        self._running: set[asyncio.Task[None]] = set()
+        self._futures: list[asyncio.Future[Any]] = []
+        self._groups: set[asyncio.Future[Any]] = set()  # the group futures among them
+        # The tasks appending (batches, and messages appended alone).
+        self._running: set[asyncio.Future[Any]] = set()
 
-    def submit(self, message: Message) -> asyncio.Future[_R]:
+    def submit(self, message: Message) -> asyncio.Future[AppendResult]:
         """Queue ``message`` for the batch of this loop iteration; the future gets its
         answer once the batch is appended."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        future: asyncio.Future[_R] = loop.create_future()
+        future: asyncio.Future[AppendResult] = loop.create_future()
         self._futures.append(future)
         self._messages.append(message)
         if len(self._messages) == 1:
-            # The task's first step runs after the callbacks already ready (the other
-            # producers woken with this one), and takes everything queued by then. Tasks
-            # start in the order they are created, so batches reach the serialization
-            # point in submission order.
-            task = loop.create_task(self._append_queued())
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._start(loop)
         return future
 
-    def _take(self) -> tuple[list[Message], list[asyncio.Future[_R]]]:
-        """The queued batch, without the messages of cancelled producers."""
-        messages, futures = self._messages, self._futures
-        self._messages, self._futures = [], []
+    def submit_group(self, messages: Sequence[Message]) -> asyncio.Future[list[Outcome]]:
+        """Queue ``messages`` (at least one) for the batch of this loop iteration, each
+        as ``submit`` would; the future gets the list of their outcomes, in order, once
+        every one is known, or raises what the batch raised for all of them. Cancelled
+        before the batch starts, it leaves every one of them out."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Outcome]] = loop.create_future()
+        self._groups.add(future)
+        self._futures.extend(repeat(future, len(messages)))
+        self._messages.extend(messages)
+        if len(self._messages) == len(messages):
+            self._start(loop)
+        return future
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The task's first step runs after the callbacks already ready (the other
+        # producers woken with this one), and takes everything queued by then. Tasks
+        # start in the order they are created, so batches reach the serialization
+        # point in submission order.
+        task = loop.create_task(self._append_queued())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _take(
+        self,
+    ) -> tuple[list[Message], list[asyncio.Future[Any]], set[asyncio.Future[Any]]]:
+        """The queued batch and its groups, without the messages of cancelled
+        producers."""
+        messages, futures, groups = self._messages, self._futures, self._groups
+        self._messages, self._futures, self._groups = [], [], set()
         if any(map(_cancelled, futures)):
             kept = [(m, f) for m, f in zip(messages, futures, strict=True) if not f.cancelled()]
             messages, futures = [m for m, _ in kept], [f for _, f in kept]
-        return messages, futures
+        return messages, futures, groups
 
     async def _append_queued(self) -> None:
         raise NotImplementedError
@@ -92,7 +124,7 @@ class _Coalescer(Generic[_R]):
 
 
 @final
-class AppendCoalescer(_Coalescer[AppendResult]):
+class AppendCoalescer(_Coalescer):
     """Gathers the plain messages ``submit``ted within one loop iteration into one batch
     for ``append_batch``; ``append_one`` appends a batch of one, and the messages of a
     batch that one of them made too large to write, one by one and in order. A future
@@ -107,7 +139,7 @@ class AppendCoalescer(_Coalescer[AppendResult]):
 
     async def _append_queued(self) -> None:
         """Append the queued messages as one batch, leaving out cancelled producers."""
-        messages, futures = self._take()
+        messages, futures, groups = self._take()
         if not messages:
             return
         try:
@@ -119,7 +151,7 @@ class AppendCoalescer(_Coalescer[AppendResult]):
             if len(messages) == 1:
                 _fail(futures, exc)
             else:
-                await self._one_by_one(messages, futures)
+                await self._one_by_one(messages, futures, groups)
             return
         except BaseException as exc:
             _fail(futures, exc)
@@ -134,45 +166,41 @@ class AppendCoalescer(_Coalescer[AppendResult]):
                     f" {len(futures)} appends; they may or may not be in the log"
                 ),
             )
-        elif any(map(_done, futures)):  # a producer was cancelled while its batch ran
-            for future, result in zip(futures, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
+        elif groups or any(map(_done, futures)):  # or a producer was cancelled meanwhile
+            _answer(futures, results, groups)
         else:  # the usual batch: resolved without a bytecode per producer
             _consume(map(_set_result, futures, results))
 
     async def _one_by_one(
-        self, messages: list[Message], futures: list[asyncio.Future[AppendResult]]
+        self,
+        messages: list[Message],
+        futures: list[asyncio.Future[Any]],
+        groups: set[asyncio.Future[Any]],
     ) -> None:
         # Started in order, so they are serialized in order; each gets its own answer.
         appends = [asyncio.ensure_future(self._append_one(message)) for message in messages]
         await asyncio.wait(appends)
-        for future, append in zip(futures, appends, strict=True):
-            if future.done():
-                continue
-            exc = append.exception()
-            if exc is None:
-                future.set_result(append.result())
-            else:
-                future.set_exception(exc)
+        _answer(futures, [outcome_of(append) for append in appends], groups)
 
 
 @final
-class KeyedCoalescer(_Coalescer[AppendResult | None]):
+class KeyedCoalescer(_Coalescer):
     """Gathers the keyed messages ``submit``ted within one loop iteration into one batch
     for ``append_each`` (the chain's ``CoalescingInterceptor``), which answers each
-    message on its own. A future gets its message's result, its error, or None: the
-    producer then appends the message on its own, through the chain."""
+    message on its own. A future gets its message's result or error; a message that
+    ``append_each`` leaves unanswered (None) is appended on its own through
+    ``append_alone`` (the whole chain), in a task, and its future gets that outcome."""
 
-    __slots__ = ("_append_each",)
+    __slots__ = ("_append_alone", "_append_each")
 
-    def __init__(self, append_each: AppendEach) -> None:
+    def __init__(self, append_each: AppendEach, append_alone: AppendNext) -> None:
         super().__init__()
         self._append_each = append_each
+        self._append_alone = append_alone
 
     async def _append_queued(self) -> None:
         """Hand the queued messages to ``append_each``, leaving out cancelled producers."""
-        messages, futures = self._take()
+        messages, futures, groups = self._take()
         if not messages:
             return
         try:
@@ -191,17 +219,49 @@ class KeyedCoalescer(_Coalescer[AppendResult | None]):
                 ),
             )
             return
-        if set(map(type, outcomes)) == _RESULTS_ONLY and not any(map(_done, futures)):
-            results = cast(Sequence[AppendResult | None], outcomes)
-            _consume(map(_set_result, futures, results))  # the usual batch, in C loops
-            return
-        for future, outcome in zip(futures, outcomes, strict=True):
-            if future.done():  # its producer was cancelled while the batch ran
+        if set(map(type, outcomes)) == _RESULTS_ONLY and not groups:
+            if not any(map(_done, futures)):
+                results = cast(Sequence[AppendResult], outcomes)
+                _consume(map(_set_result, futures, results))  # the usual batch, in C loops
+                return
+        if None in outcomes:
+            outcomes = await self._alone_where_unanswered(messages, futures, groups, outcomes)
+        _answer(futures, outcomes, groups)
+
+    async def _alone_where_unanswered(
+        self,
+        messages: list[Message],
+        futures: list[asyncio.Future[Any]],
+        groups: set[asyncio.Future[Any]],
+        outcomes: Sequence[AppendResult | Exception | None],
+    ) -> list[Outcome | None]:
+        """Append each message ``append_each`` left unanswered on its own: a lone
+        producer's in a task of its own (its future gets the outcome; None in the
+        returned list, which ``_answer`` skips), a group's awaited here; the outcomes,
+        completed."""
+        answered = list(outcomes)
+        waited: dict[int, asyncio.Future[AppendResult]] = {}
+        for i, outcome in enumerate(outcomes):
+            if outcome is not None or futures[i].done():
                 continue
-            if isinstance(outcome, Exception):
-                future.set_exception(outcome)
+            if futures[i] in groups:
+                waited[i] = asyncio.ensure_future(self._append_alone(messages[i]))
             else:
-                future.set_result(outcome)
+                self._alone(messages[i], futures[i])
+        if waited:
+            await asyncio.wait(waited.values())
+            for i, append in waited.items():
+                answered[i] = outcome_of(append)
+        return answered
+
+    def _alone(self, message: Message, future: asyncio.Future[AppendResult]) -> None:
+        """Append ``message`` down the whole chain in a task; ``future`` gets the outcome
+        (cancelling ``future`` cancels the append, as cancelling ``append`` would)."""
+        task = asyncio.ensure_future(self._append_alone(message))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        task.add_done_callback(lambda done: _settle(future, done))
+        future.add_done_callback(lambda settled: settled.cancelled() and task.cancel())
 
 
 #: The types of the outcomes of a batch whose every message has its result.
@@ -211,6 +271,56 @@ _done = asyncio.Future.done
 _set_result = asyncio.Future.set_result
 #: Runs an iterator to its end, keeping nothing.
 _consume = collections.deque[object](maxlen=0).extend
+
+
+def outcome_of(append: asyncio.Future[AppendResult]) -> Outcome:
+    """What a finished append gave: its result or its error (a cancelled append:
+    ``AppendOutcomeUnknown``, which it is to whoever waits for it)."""
+    if append.cancelled():
+        return AppendOutcomeUnknown("the append was cancelled; it may or may not be in the log")
+    exc = append.exception()
+    if exc is None:
+        return append.result()
+    if isinstance(exc, Exception):
+        return exc
+    return AppendOutcomeUnknown(f"the append was interrupted ({exc!r})")
+
+
+def _answer(
+    futures: Sequence[asyncio.Future[Any]],
+    outcomes: Sequence[Outcome | None],
+    groups: set[asyncio.Future[Any]],
+) -> None:
+    """Give each lone future its message's outcome, each group's future the list of
+    its messages' outcomes; None (answered elsewhere) and done futures are skipped."""
+    collected: dict[asyncio.Future[Any], list[Outcome | None]] = {g: [] for g in groups}
+    for future, outcome in zip(futures, outcomes, strict=True):
+        group = collected.get(future)
+        if group is not None:
+            group.append(outcome)
+        elif outcome is None or future.done():
+            continue
+        elif isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    for future, group in collected.items():
+        if not future.done():
+            future.set_result(group)
+
+
+def _settle(future: asyncio.Future[AppendResult], done: asyncio.Future[AppendResult]) -> None:
+    """Give ``future`` the outcome of ``done`` (unless it was cancelled meanwhile)."""
+    if done.cancelled():
+        future.cancel()
+        return
+    exc = done.exception()  # retrieved even if nobody waits for it any more
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(done.result())
 
 
 def _fail(futures: list[asyncio.Future[Any]], exc: BaseException) -> None:

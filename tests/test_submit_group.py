@@ -1,0 +1,156 @@
+"""``LocalWAL.submit`` and ``submit_group``: appends started without a coroutine of the
+caller's (what the node does with the appends of one frame). A group's messages are
+independent appends: each gets its own outcome, and they join the batch of the loop turn
+like appends made one by one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import walsvc
+from interceptors import default_chain
+from walsvc import AppendResult, Message, MessageTooLarge, MessageType
+from walsvc.core._chain import AppendBatchNext, AppendNext
+from walsvc.wal._wal import LocalWAL
+
+
+class Holdable:
+    """A pass-through interceptor (innermost) that, while ``held``, holds appends until
+    ``release`` is set (``holding`` is set once it holds one)."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self.release = asyncio.Event()
+        self.holding = asyncio.Event()  # set once it holds an append
+
+    async def _wait(self) -> None:
+        if self.held:
+            self.holding.set()
+            await self.release.wait()
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        await self._wait()
+        return await call_next(message)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        await self._wait()
+        return await call_next(messages)
+
+
+def plain(n: int, size: int = 10) -> Message:
+    return Message(payload=n.to_bytes(4, "big") * (size // 4), vchannel="v")
+
+
+def keyed(n: int, key: str) -> Message:
+    return Message(payload=n.to_bytes(4, "big"), vchannel="v", idempotency_key=key)
+
+
+async def open_file(path: Path, gate: Holdable | None = None, **options: object) -> LocalWAL:
+    chain = default_chain(sync_interval=None)
+    if gate is not None:
+        chain.append(gate)
+    wal = await walsvc.open_wal(f"file://{path}", "p0", interceptors=chain, **options)
+    assert isinstance(wal, LocalWAL)
+    await wal.wait_ready()
+    return wal
+
+
+async def payloads(path: Path) -> list[bytes]:
+    async with await walsvc.open_wal(f"file://{path}", "p0", read_only=True) as wal:
+        last = await wal.latest_message_id()
+        got: list[bytes] = []
+        if last is None:
+            return got
+        async with wal.read(timeticks=True) as scanner:
+            async for message in scanner:
+                if message.type is not MessageType.TIME_TICK:
+                    got.append(message.payload)
+                if message.message_id == last:
+                    break
+    return got
+
+
+async def test_a_group_lands_in_order_with_the_appends_of_its_turn(tmp_path: Path) -> None:
+    wal = await open_file(tmp_path)
+    try:
+        before = wal.submit(plain(0))
+        group = wal.submit_group([plain(n) for n in range(1, 6)])
+        after = asyncio.ensure_future(wal.append(plain(6)))
+        results = [await before, *await group, await after]
+    finally:
+        await wal.aclose()
+    assert all(isinstance(r, AppendResult) for r in results)
+    ids = [r.message_id for r in results if isinstance(r, AppendResult)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 7
+    assert await payloads(tmp_path) == [plain(n).payload for n in range(7)]
+
+
+async def test_only_the_oversized_message_of_a_group_fails(tmp_path: Path) -> None:
+    wal = await open_file(tmp_path, max_message_size=4096)
+    try:
+        outcomes = await wal.submit_group([plain(0), plain(1, 8192), plain(2)])
+    finally:
+        await wal.aclose()
+    assert isinstance(outcomes[0], AppendResult)
+    assert isinstance(outcomes[1], MessageTooLarge)
+    assert isinstance(outcomes[2], AppendResult)
+    assert await payloads(tmp_path) == [plain(0).payload, plain(2).payload]
+
+
+async def test_a_group_cancelled_before_its_batch_starts_appends_nothing(tmp_path: Path) -> None:
+    wal = await open_file(tmp_path)
+    try:
+        group = wal.submit_group([plain(n) for n in range(3)])
+        alone = wal.submit(plain(3))
+        group.cancel()
+        assert isinstance(await alone, AppendResult)
+    finally:
+        await wal.aclose()
+    assert await payloads(tmp_path) == [plain(3).payload]
+
+
+async def test_a_keyed_group_waits_for_a_key_in_flight_elsewhere(tmp_path: Path) -> None:
+    gate = Holdable()
+    wal = await open_file(tmp_path, gate)
+    gate.held = True
+    first = asyncio.ensure_future(wal.append(keyed(0, "k0")))
+    async with asyncio.timeout(10):
+        await gate.holding.wait()  # k0's batch is claimed and held below Dedup
+        gate.held = False
+        group = wal.submit_group([keyed(1, "k1"), keyed(0, "k0"), keyed(2, "k2")])
+        await asyncio.sleep(0.01)
+        assert not group.done()  # k1 and k2 landed; k0 waits for the first append of it
+        gate.release.set()
+        outcomes = await group
+        first_result = await first
+        await wal.aclose()
+    assert outcomes[1] == first_result  # the same append, answered twice
+    assert all(isinstance(o, AppendResult) for o in outcomes)
+    assert sorted(await payloads(tmp_path)) == sorted(keyed(n, "").payload for n in range(3))
+
+
+async def test_a_mixed_group_gets_one_outcome_per_message(tmp_path: Path) -> None:
+    wal = await open_file(tmp_path)
+    try:
+        system = Message(payload=b"", vchannel="v", type=MessageType.TIME_TICK)
+        outcomes = await wal.submit_group([plain(0), keyed(1, "a"), system, keyed(1, "a")])
+    finally:
+        await wal.aclose()
+    assert isinstance(outcomes[0], AppendResult)
+    assert isinstance(outcomes[1], AppendResult)
+    assert isinstance(outcomes[2], walsvc.InvalidMessage)
+    assert outcomes[3] == outcomes[1]
+    assert await payloads(tmp_path) == [plain(0).payload, keyed(1, "a").payload]
+
+
+async def test_an_empty_group_is_answered_at_once(tmp_path: Path) -> None:
+    wal = await open_file(tmp_path)
+    try:
+        assert await wal.submit_group([]) == []
+    finally:
+        await wal.aclose()
