@@ -42,6 +42,7 @@ def test_negotiation_picks_the_highest_common_version(
     client: tuple[int, int], chosen: int | None
 ) -> None:
     assert p.negotiate(client, (1, 1)) == chosen
+    assert p.NODE_VERSIONS == (1, 2)
     assert p.negotiate((1, 4), (2, 3)) == 3
 
 
@@ -62,8 +63,15 @@ def test_the_byte_forms_the_document_shows() -> None:
 def test_the_byte_forms_of_transactions_and_subscriptions() -> None:
     encode = msgspec.msgpack.encode
     assert encode(p.Ack(1, 2, None, 3)) == bytes.fromhex("95 2d 01 02 c0 03")
-    assert encode(p.TxnBegin(1, 1, "v", 1.0, None)) == bytes.fromhex(
-        "96 28 01 01 a1 76 cb 3f f0 00 00 00 00 00 00 c0"
+    assert encode(p.TxnBegin(1, 1, "v", 1.0, None, "t")) == bytes.fromhex(
+        "97 28 01 01 a1 76 cb 3f f0 00 00 00 00 00 00 c0 a1 74"
+    )
+    # A version 1 TxnBegin (no token) decodes; so does a TxnCommit without caller, seq.
+    assert msgspec.msgpack.decode(
+        bytes.fromhex("96 28 01 01 a1 76 cb 3f f0 00 00 00 00 00 00 c0"), type=p.ClientMessage
+    ) == p.TxnBegin(1, 1, "v", 1.0, None)
+    assert msgspec.msgpack.decode(bytes.fromhex("94 2b 01 01 05"), type=p.ClientMessage) == (
+        p.TxnCommit(1, 1, 5)
     )
     # A Read without its last two fields (subscription, checkpoint_interval) decodes.
     short = encode([6, 1, 1, "all", None, 0, None, None, 0, False, False, 0, 1, 1])

@@ -113,9 +113,21 @@ class NodeAddress(msgspec.Struct, frozen=True):
 @final
 class _Pending:
     """A request waiting for its answer. ``sent`` once it reached a transport;
-    ``resend``: safe to send again on a new socket (reads, idempotent appends)."""
+    ``resend``: safe to send again on a new socket (reads, idempotent appends), if the
+    node there speaks at least protocol version ``resend_from``; ``resent``: how many
+    times it was."""
 
-    __slots__ = ("append", "future", "held", "item", "resend", "sent", "size")
+    __slots__ = (
+        "append",
+        "future",
+        "held",
+        "item",
+        "resend",
+        "resend_from",
+        "resent",
+        "sent",
+        "size",
+    )
 
     def __init__(
         self,
@@ -124,12 +136,15 @@ class _Pending:
         append: bool,
         resend: bool,
         size: int = 0,
+        resend_from: int = 1,
     ) -> None:
         self.future = future
         self.item = item
         self.size = size
         self.append = append
         self.resend = resend
+        self.resend_from = resend_from
+        self.resent = 0
         self.sent = False
         #: Not written to any socket yet (kept for the next one): safe to send there.
         self.held = False
@@ -300,11 +315,18 @@ class Connection:
             raise type(self._lost)(str(self._lost))
 
     def request(
-        self, item: msgspec.Struct, request: int, *, append: bool = False, resend: bool = False
+        self,
+        item: msgspec.Struct,
+        request: int,
+        *,
+        append: bool = False,
+        resend: bool = False,
+        resend_from: int = 1,
     ) -> _Pending:
         """Queue ``item`` (whose request id is ``request``) and return its pending
         answer. ``append``: its loss is ``AppendOutcomeUnknown``; ``resend``: it is sent
-        again after a reconnect instead of failing."""
+        again after a reconnect instead of failing, to a node that speaks protocol
+        version ``resend_from`` or later (a resend needs what that version added)."""
         self.check()
         data = _encode(item)
         if len(data) > _MAX_ITEM:
@@ -312,7 +334,12 @@ class Connection:
                 f"the request is {len(data)} bytes encoded; a frame holds {_MAX_ITEM}"
             )
         pending = _Pending(
-            asyncio.get_running_loop().create_future(), item, append, resend, len(data)
+            asyncio.get_running_loop().create_future(),
+            item,
+            append,
+            resend,
+            len(data),
+            resend_from,
         )
         self._pending[request] = pending
         self._pending_bytes += len(data)
@@ -402,6 +429,7 @@ class Connection:
 
     def _install(self, socket: _Socket) -> None:
         self._socket = socket
+        self.version = socket.version
         self.going_away = None
         self._heard = asyncio.get_running_loop().time()
         self._spawn(self._read(socket))
@@ -501,9 +529,21 @@ class Connection:
             socket.writer.abort()
             raise
         writer = socket.writer
-        for pending in list(self._pending.values()):
+        for request, pending in list(self._pending.items()):
             if pending.future.done():
                 continue
+            if pending.resend_from > socket.version and not pending.held:
+                self._answered(request)
+                self._fail(
+                    pending,
+                    BackendUnavailable(
+                        f"the node at {self.where} now speaks protocol version"
+                        f" {socket.version}, which cannot take this request again"
+                    ),
+                )
+                continue
+            if not pending.held:
+                pending.resent += 1
             item = pending.item
             if hasattr(item, "wal"):
                 item = pending.item = msgspec.structs.replace(item, wal=handle)

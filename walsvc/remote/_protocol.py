@@ -104,7 +104,7 @@ __all__ = (
 #: after a lost connection lands once. The node drops them from what it delivers.
 PRODUCER_KEY_PREFIX: Final = "~"
 #: The protocol versions this code speaks, lowest and highest.
-NODE_VERSIONS: Final = (1, 1)
+NODE_VERSIONS: Final = (1, 2)
 #: A frame's length prefix: 4 bytes, big-endian, unsigned; counts the body only.
 FRAME_HEADER: Final = struct.Struct(">I")
 #: The largest frame body either side accepts: 16 MiB of messages plus 64 KiB of
@@ -351,13 +351,16 @@ class Status(msgspec.Struct, array_like=True, frozen=True, tag=60):
 
 
 class TxnBegin(msgspec.Struct, array_like=True, frozen=True, tag=40):
-    """``WAL.begin_txn`` on the handle ``wal``; answered by ``TxnBegun``."""
+    """``WAL.begin_txn`` on the handle ``wal``; answered by ``TxnBegun``. ``token``
+    (version 2): the client's name for this begin, unique to it; a begin resent with a
+    token the node has seen gets the first one's transaction, not a new one."""
 
     request: int
     wal: int
     vchannel: str
     keepalive: float
     idempotency_key: str | None
+    token: str | None = None
 
 
 class TxnResume(msgspec.Struct, array_like=True, frozen=True, tag=41):
@@ -371,28 +374,42 @@ class TxnResume(msgspec.Struct, array_like=True, frozen=True, tag=41):
 
 class TxnAppend(msgspec.Struct, array_like=True, frozen=True, tag=42):
     """``Txn.append`` (one message) or ``Txn.append_many`` (more) of the node's
-    transaction ``txn_id``; answered by ``Appended``."""
+    transaction ``txn_id``; answered by ``Appended``. ``caller`` and ``seq``: see
+    ``TxnCommit``."""
 
     request: int
     wal: int
     txn_id: int
     messages: list[WireMessage]
+    caller: int | None = None
+    seq: int | None = None
 
 
 class TxnCommit(msgspec.Struct, array_like=True, frozen=True, tag=43):
-    """``Txn.commit``; answered by ``Appended`` (the CommitTxn's result)."""
+    """``Txn.commit``; answered by ``Appended`` (the CommitTxn's result).
+
+    ``caller`` and ``seq`` (version 2), here and in ``TxnAppend`` and ``TxnRollback``:
+    the client's handle of the transaction (a random number in [1, 2^63)) and the number
+    of this call among that handle's calls (1, 2, ...; sent in that order). A call the
+    node has served for the transaction is answered again, not applied again: a resend
+    gets the first call's answer or error."""
 
     request: int
     wal: int
     txn_id: int
+    caller: int | None = None
+    seq: int | None = None
 
 
 class TxnRollback(msgspec.Struct, array_like=True, frozen=True, tag=44):
-    """``Txn.rollback``; answered by ``Done``."""
+    """``Txn.rollback``; answered by ``Done``. ``caller`` and ``seq``: see
+    ``TxnCommit``."""
 
     request: int
     wal: int
     txn_id: int
+    caller: int | None = None
+    seq: int | None = None
 
 
 class Ack(msgspec.Struct, array_like=True, frozen=True, tag=45):

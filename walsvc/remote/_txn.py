@@ -10,16 +10,23 @@ transaction's state (keepalive, expiry, in-flight bodies), so its errors (``TxnE
 ``TxnAborted``, ``TxnNotActive``, ``UnknownTxn``) are the node's, by code.
 
 Every request of a transaction appends to the log (BeginTxn, bodies, CommitTxn,
-RollbackTxn): one whose connection is lost before its answer raises
-``AppendOutcomeUnknown`` and is never resent. The transaction lives on the node, not in
-the connection: ``resume_txn(txn_id)`` takes it up again from a new one.
+RollbackTxn). One whose connection is lost before its answer is resent on the next
+connection (protocol version 2) and the node answers a resend it has served from the
+first outcome (``walsvc.service._txns``): a begin carries a token, every later call its
+handle's ``caller`` number and a ``seq``, so nothing is applied twice. Against a version
+1 node, or with ``exactly_once=False``, such a request raises ``AppendOutcomeUnknown``
+instead. The transaction lives on the node, not in the connection: a node restarted
+in between forgot it (a resent call then raises ``AppendOutcomeUnknown``, not
+``UnknownTxn``: a commit may have landed), and ``resume_txn(txn_id)`` takes one up from
+another connection.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+import secrets
+from typing import TYPE_CHECKING, Any, final
 
-from walsvc.core._errors import InvalidArgument, InvalidMessage
+from walsvc.core._errors import AppendOutcomeUnknown, InvalidArgument, InvalidMessage, UnknownTxn
 from walsvc.core._message import AppendResult, Message, MessageType, TxnContext
 from walsvc.write._txn import Txn, TxnReplay
 
@@ -48,16 +55,24 @@ def _body(message: Message) -> WireMessage:
     )
 
 
+#: The protocol version whose nodes answer resent transaction requests once.
+_RESENDABLE_FROM = 2
+
+
 @final
 class _TxnWire:
-    """Sends what a ``Txn`` appends to the node's handle of transaction ``txn_id``."""
+    """Sends what a ``Txn`` appends to the node's handle of transaction ``txn_id``,
+    numbering its calls (``caller``, ``seq``) so that a resend is answered, not applied
+    again."""
 
-    __slots__ = ("_begin", "_txn_id", "_wal")
+    __slots__ = ("_begin", "_caller", "_seq", "_txn_id", "_wal")
 
     def __init__(self, wal: RemoteWAL, txn_id: int, begin: AppendResult) -> None:
         self._wal = wal
         self._txn_id = txn_id
         self._begin = begin
+        self._caller = secrets.randbits(63) or 1
+        self._seq = 0
 
     async def append(self, message: Message) -> AppendResult:
         """A body (``TxnAppend``), the CommitTxn (``TxnCommit``) or the RollbackTxn
@@ -66,16 +81,17 @@ class _TxnWire:
         wal._check_writable()
         conn = wal._conn
         request = conn.next_id()
+        caller, seq = self._next()
         kind = message.type
         if kind is MessageType.COMMIT_TXN:
             item: TxnCommit | TxnRollback | TxnAppend = TxnCommit(
-                request, wal._handle, self._txn_id
+                request, wal._handle, self._txn_id, caller, seq
             )
         elif kind is MessageType.ROLLBACK_TXN:
-            item = TxnRollback(request, wal._handle, self._txn_id)
+            item = TxnRollback(request, wal._handle, self._txn_id, caller, seq)
         else:
-            item = TxnAppend(request, wal._handle, self._txn_id, [_body(message)])
-        answer: Appended | Done = await conn.request(item, request, append=True).future
+            item = TxnAppend(request, wal._handle, self._txn_id, [_body(message)], caller, seq)
+        answer: Appended | Done = await self._send(item, request, seq is not None)
         if isinstance(answer, Done):
             return self._begin  # a rollback: Txn.rollback ignores what its append returns
         return wal._result(answer.results[0])
@@ -86,9 +102,38 @@ class _TxnWire:
         wal._check_writable()
         conn = wal._conn
         request = conn.next_id()
-        item = TxnAppend(request, wal._handle, self._txn_id, [_body(m) for m in messages])
-        answer: Appended = await conn.request(item, request, append=True).future
+        caller, seq = self._next()
+        item = TxnAppend(
+            request, wal._handle, self._txn_id, [_body(m) for m in messages], caller, seq
+        )
+        answer: Appended = await self._send(item, request, seq is not None)
         return [wal._result(r) for r in answer.results]
+
+    def _next(self) -> tuple[int | None, int | None]:
+        """The (caller, seq) of the next call, or (None, None) if it cannot be resent
+        (a version 1 node, or exactly-once turned off)."""
+        wal = self._wal
+        if wal._keys is None or wal._conn.version < _RESENDABLE_FROM:
+            return None, None
+        self._seq += 1
+        return self._caller, self._seq
+
+    async def _send(
+        self, item: TxnAppend | TxnCommit | TxnRollback, request: int, resend: bool
+    ) -> Any:
+        pending = self._wal._conn.request(
+            item, request, append=True, resend=resend, resend_from=_RESENDABLE_FROM
+        )
+        try:
+            return await pending.future
+        except UnknownTxn as exc:
+            if pending.resent:  # the node restarted and forgot it: it may have landed
+                raise AppendOutcomeUnknown(
+                    f"transaction {self._txn_id}'s call was resent to a node that no"
+                    f" longer knows the transaction (restarted?): it may or may not have"
+                    f" been applied ({exc})"
+                ) from exc
+            raise
 
 
 def _handle(wal: RemoteWAL, begun: TxnBegun) -> Txn:
@@ -136,8 +181,11 @@ async def begin_remote_txn(
         Message(payload=b"", vchannel=vchannel, idempotency_key=idempotency_key)
     conn = wal._conn
     request = conn.next_id()
-    item = TxnBegin(request, wal._handle, vchannel, float(keepalive), idempotency_key)
-    begun: TxnBegun = await conn.request(item, request, append=True).future
+    resend = wal._keys is not None and conn.version >= _RESENDABLE_FROM
+    token = secrets.token_urlsafe(16) if resend else None
+    item = TxnBegin(request, wal._handle, vchannel, float(keepalive), idempotency_key, token)
+    pending = conn.request(item, request, append=True, resend=resend, resend_from=_RESENDABLE_FROM)
+    begun: TxnBegun = await pending.future
     return _handle(wal, begun)
 
 
@@ -148,5 +196,6 @@ async def resume_remote_txn(wal: RemoteWAL, txn_id: int) -> Txn:
         raise InvalidArgument(f"txn_id must be an int >= 0, not {txn_id!r}")
     conn = wal._conn
     request = conn.next_id()
-    begun: TxnBegun = await conn.request(TxnResume(request, wal._handle, txn_id), request).future
+    item = TxnResume(request, wal._handle, txn_id)
+    begun: TxnBegun = await conn.request(item, request, resend=True).future  # it changes nothing
     return _handle(wal, begun)

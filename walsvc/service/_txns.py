@@ -7,6 +7,13 @@ The table belongs to no connection: closing a connection aborts none of its
 transactions (one left alone expires by its keepalive, as a local one does), and the
 same client, reconnected, takes one up again by id (``TxnResume``).
 
+A client resends what was in flight when its connection dropped (protocol version 2):
+a begin names itself with a ``token`` and every later call with its handle's ``caller``
+and ``seq``, and the table answers a call it has served again, from the first call's
+outcome, instead of applying it twice (it keeps the last ``_CALLS_KEPT`` calls of each
+transaction and the last ``_KEPT`` begin tokens; a resend older than that is refused
+with ``AppendOutcomeUnknown``, never applied).
+
 A handle that ended (committed, rolled back, failed) stays in the table, bounded, so a
 late or repeated call gets the error a local handle would raise rather than
 ``UnknownTxn``; so does one idle past its keepalive (its next call raises ``TxnExpired``,
@@ -15,12 +22,13 @@ from the interceptor). Past the bound the least recently used of those are forgo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Final, final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar, final
 
-from walsvc.core._errors import TxnError, TxnNotActive, UnknownTxn
+from walsvc.core._errors import AppendOutcomeUnknown, TxnError, TxnNotActive, UnknownTxn
 from walsvc.core._message import AppendResult, Message
 from walsvc.remote._protocol import (
     Appended,
@@ -31,6 +39,7 @@ from walsvc.remote._protocol import (
     TxnCommit,
     TxnResume,
     TxnRollback,
+    WireResult,
 )
 from walsvc.wal._wal import LocalWAL
 from walsvc.write._txn import Txn, TxnState
@@ -42,8 +51,14 @@ __all__ = ("NodeTxns", "TxnRequest")
 #: The requests ``NodeTxns.answer`` serves.
 TxnRequest = TxnBegin | TxnResume | TxnAppend | TxnCommit | TxnRollback
 
-#: How many transactions the table keeps before it forgets ended or idle ones.
+#: How many transactions the table keeps before it forgets ended or idle ones (and how
+#: many begin tokens it remembers).
 _KEPT: Final = 16_384
+#: How many calls of one transaction the table remembers the outcome of.
+_CALLS_KEPT: Final = 256
+#: A transaction call: TxnAppend, TxnCommit or TxnRollback.
+_Call = TxnAppend | TxnCommit | TxnRollback
+_T = TypeVar("_T")
 
 
 @final
@@ -51,12 +66,28 @@ class _Entry:
     """A transaction handle, when a client last used it, and what ended it (if a call
     failed with a transaction error)."""
 
-    __slots__ = ("ended_by", "touched", "txn")
+    __slots__ = ("calls", "ended_by", "forgotten", "touched", "txn")
 
     def __init__(self, txn: Txn, now: float) -> None:
         self.txn = txn
         self.touched = now
         self.ended_by: TxnError | None = None
+        #: The outcome of each call served, by (caller, seq), oldest first.
+        self.calls: dict[tuple[int, int], asyncio.Future[list[WireResult] | None]] = {}
+        #: Per caller, the highest seq whose outcome was forgotten.
+        self.forgotten: dict[int, int] = {}
+
+    def remember(
+        self, call: tuple[int, int], outcome: asyncio.Future[list[WireResult] | None]
+    ) -> None:
+        """Keep ``outcome`` as the answer of ``call``, forgetting the oldest past
+        ``_CALLS_KEPT``."""
+        calls = self.calls
+        calls[call] = outcome
+        while len(calls) > _CALLS_KEPT:
+            (caller, seq) = next(iter(calls))
+            del calls[(caller, seq)]
+            self.forgotten[caller] = max(seq, self.forgotten.get(caller, 0))
 
     def idle(self, now: float) -> bool:
         """True once the handle ended, or went unused past its keepalive."""
@@ -71,12 +102,14 @@ class NodeTxns:
     """The node's transaction handles by (pchannel, txn id) (see the module docstring).
     ``clock`` (monotonic seconds) decides idleness, only for forgetting."""
 
-    __slots__ = ("_clock", "_entries", "_kept")
+    __slots__ = ("_clock", "_entries", "_kept", "_tokens")
 
     def __init__(self, *, kept: int = _KEPT, clock: Callable[[], float] = time.monotonic) -> None:
         self._entries: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
         self._kept = kept
         self._clock = clock
+        #: The begins served, by (pchannel, token).
+        self._tokens: OrderedDict[tuple[str, str], asyncio.Future[Txn]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -84,20 +117,13 @@ class NodeTxns:
     async def answer(self, wal: LocalWAL, request: TxnRequest) -> TxnBegun | Appended | Done:
         """Serve ``request`` on ``wal`` (the node's WAL of the client's writable handle);
         raises the error a local call raises."""
-        if isinstance(request, TxnAppend):
-            messages = [message_of(m) for m in request.messages]
-            results = await self.append(wal, request.txn_id, messages)
-            return Appended(request.request, [wire_result(r) for r in results])
-        if isinstance(request, TxnCommit):
-            result = await self.commit(wal, request.txn_id)
-            return Appended(request.request, [wire_result(result)])
-        if isinstance(request, TxnRollback):
-            await self.rollback(wal, request.txn_id)
-            return Done(request.request)
+        if isinstance(request, TxnAppend | TxnCommit | TxnRollback):
+            results = await self._call(wal, request)
+            if results is None:
+                return Done(request.request)
+            return Appended(request.request, results)
         if isinstance(request, TxnBegin):
-            txn = await self.begin(
-                wal, request.vchannel, request.keepalive, request.idempotency_key
-            )
+            txn = await self._begin_once(wal, request)
         else:
             txn = self.resume(wal, request.txn_id)
         replay = txn.replay
@@ -111,6 +137,48 @@ class NodeTxns:
             None if replay is None else [wire_result(r) for r in replay.bodies],
             None if replay is None else wire_result(replay.commit),
         )
+
+    async def _call(self, wal: LocalWAL, request: _Call) -> list[WireResult] | None:
+        """Apply ``request``, or, if its (caller, seq) was served, its first outcome."""
+        if request.caller is None or request.seq is None:
+            return await self._apply(wal, request)
+        entry = self._entry(wal, request.txn_id)
+        call = (request.caller, request.seq)
+        first = entry.calls.get(call)
+        if first is None:
+            if request.seq <= entry.forgotten.get(request.caller, 0):
+                raise AppendOutcomeUnknown(
+                    f"call {request.seq} of transaction {request.txn_id} was resent after"
+                    f" the node forgot its outcome ({_CALLS_KEPT} later calls)"
+                )
+            first = _run_to_end(self._apply(wal, request))
+            entry.remember(call, first)
+        return await asyncio.shield(first)
+
+    async def _apply(self, wal: LocalWAL, request: _Call) -> list[WireResult] | None:
+        if isinstance(request, TxnAppend):
+            messages = [message_of(m) for m in request.messages]
+            return [wire_result(r) for r in await self.append(wal, request.txn_id, messages)]
+        if isinstance(request, TxnCommit):
+            return [wire_result(await self.commit(wal, request.txn_id))]
+        await self.rollback(wal, request.txn_id)
+        return None
+
+    async def _begin_once(self, wal: LocalWAL, request: TxnBegin) -> Txn:
+        """``begin`` for ``request``, or, if its token was served, that begin's outcome."""
+        begin = self.begin(wal, request.vchannel, request.keepalive, request.idempotency_key)
+        if request.token is None:
+            return await begin
+        key = (wal.pchannel, request.token)
+        first = self._tokens.get(key)
+        if first is None:
+            first = self._tokens[key] = _run_to_end(begin)
+            while len(self._tokens) > self._kept:
+                self._tokens.popitem(last=False)
+        else:
+            begin.close()  # not run: the first begin answers
+            self._tokens.move_to_end(key)
+        return await asyncio.shield(first)
 
     async def begin(
         self, wal: LocalWAL, vchannel: str, keepalive: float, idempotency_key: str | None
@@ -182,3 +250,16 @@ class NodeTxns:
             if not entry.idle(now):
                 return
             del entries[key]
+
+
+def _run_to_end(work: Awaitable[_T]) -> asyncio.Future[_T]:
+    """``work`` as a future that runs to its end whoever waits for it (its error is
+    retrieved even if nobody does)."""
+    future = asyncio.ensure_future(work)
+    future.add_done_callback(_retrieve)
+    return future
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
