@@ -223,6 +223,7 @@ class Connection:
         "_heard",
         "_heartbeat",
         "_ids",
+        "_loop",
         "_lost",
         "_pending",
         "_pending_bytes",
@@ -271,7 +272,10 @@ class Connection:
         self.going_away: str | None = None
         #: Sockets that replaced a lost one.
         self.reconnects = 0
-        self._heard = asyncio.get_running_loop().time()
+        # The loop this connection lives on (asyncio.get_running_loop() costs a getpid
+        # system call on every call: not once per request).
+        self._loop = asyncio.get_running_loop()
+        self._heard = self._loop.time()
         self._socket: _Socket | None = None
         self._install(socket)
         if heartbeat > 0:
@@ -334,7 +338,7 @@ class Connection:
                 f"the request is {len(data)} bytes encoded; a frame holds {_MAX_ITEM}"
             )
         pending = _Pending(
-            asyncio.get_running_loop().create_future(),
+            self._loop.create_future(),
             item,
             append,
             resend,
@@ -439,7 +443,7 @@ class Connection:
         try:
             while True:
                 body = await read_frame(socket.reader)
-                self._heard = asyncio.get_running_loop().time()
+                self._heard = self._loop.time()
                 self.received_bytes += len(body) + FRAME_HEADER.size
                 for message in _decode(body):
                     self._dispatch(message)
