@@ -1,7 +1,8 @@
 """Connection loss is not data loss: clients of a node (a subprocess) through a TCP
 proxy that cuts, holds and refuses connections. Producers resend what was in flight
 and every append lands exactly once; readers resume right after their last message;
-only a node out of reach past ``reconnect_timeout`` fails what is pending."""
+only a node out of reach past ``reconnect_timeout`` fails what is pending. A
+transaction's calls are resent too and land once (protocol version 2)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _chain_support import whole_log
 from _node_process import node_process
 from _tcp_proxy import TcpProxy
 
 import walsvc
-from walsvc import DeliverPolicy, Message
+from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.remote import _connection
 from walsvc.remote._client import RemoteWAL
 
@@ -402,3 +404,83 @@ async def test_a_subscription_reader_resumes_without_gap_or_duplicate(
             await scanner.aclose()
         assert got == expected
         assert reader.connection.reconnects >= 4
+
+
+async def _stored(node: str, pchannel: str) -> list[walsvc.ImmutableMessage]:
+    """What ``pchannel`` stores but TimeTicks (a transaction's parts one by one)."""
+    return [m for m in await whole_log(node, pchannel) if m.type is not MessageType.TIME_TICK]
+
+
+async def _lose_the_answer(
+    tcp: TcpProxy, node: str, pchannel: str, call: Any, stored: int
+) -> asyncio.Future[Any]:
+    """Start ``call`` with its answer held in the proxy; once the node stored ``stored``
+    messages in all, cut the connection; return the call."""
+    tcp.hold("down")
+    started = asyncio.ensure_future(call)
+    async with asyncio.timeout(10):
+        while len(await _stored(node, pchannel)) < stored:  # noqa: ASYNC110 (another process)
+            await asyncio.sleep(0.02)
+    assert not started.done()
+    assert tcp.cut() == 1
+    return started
+
+
+async def test_a_transaction_whose_answers_were_lost_lands_once(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(url, pchannel) as wal:
+        txn = await (await _lose_the_answer(tcp, node, pchannel, wal.begin_txn("v"), 1))
+        bodies = [Message(payload=b"b%d" % i, vchannel="v") for i in range(4)]
+        one = await _lose_the_answer(tcp, node, pchannel, txn.append(bodies[0]), 2)
+        assert (await one).message_id is not None
+        many = await _lose_the_answer(tcp, node, pchannel, txn.append_many(bodies[1:]), 5)
+        assert len(await many) == 3
+        commit = await (await _lose_the_answer(tcp, node, pchannel, txn.commit(), 6))
+        assert wal.connection.reconnects == 4
+    stored = await _stored(node, pchannel)
+    assert [m.type for m in stored] == [
+        MessageType.BEGIN_TXN,
+        *[MessageType.INSERT] * 4,
+        MessageType.COMMIT_TXN,
+    ]
+    assert [m.payload for m in stored[1:5]] == [b.payload for b in bodies]
+    assert stored[-1].message_id == commit.message_id
+    assert {m.txn.txn_id for m in stored if m.txn is not None} == {txn.txn_id}
+
+
+async def test_a_rollback_whose_answer_was_lost_is_answered_once(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(url, pchannel) as wal:
+        txn = await wal.begin_txn("v")
+        await txn.append(Message(payload=b"gone", vchannel="v"))
+        await (await _lose_the_answer(tcp, node, pchannel, txn.rollback(), 3))
+    stored = await _stored(node, pchannel)
+    assert [m.type for m in stored] == [
+        MessageType.BEGIN_TXN,
+        MessageType.INSERT,
+        MessageType.ROLLBACK_TXN,
+    ]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"versions": (1, 1)}, {"exactly_once": False}],
+    ids=["version-1", "exactly-once-off"],
+)
+async def test_a_lost_transaction_answer_is_unknown_without_resends(
+    node: str, proxy: tuple[TcpProxy, str], options: dict[str, Any]
+) -> None:
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(url, pchannel, **options) as wal:
+        txn = await wal.begin_txn("v")
+        body = txn.append(Message(payload=b"x", vchannel="v"))
+        lost = await _lose_the_answer(tcp, node, pchannel, body, 2)
+        with pytest.raises(walsvc.AppendOutcomeUnknown):
+            await lost

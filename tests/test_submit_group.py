@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+from _chain_support import whole_log
+
 import walsvc
 from interceptors import default_chain
 from walsvc import AppendResult, Message, MessageTooLarge, MessageType
@@ -60,18 +62,8 @@ async def open_file(path: Path, gate: Holdable | None = None, **options: object)
 
 
 async def payloads(path: Path) -> list[bytes]:
-    async with await walsvc.open_wal(f"file://{path}", "p0", read_only=True) as wal:
-        last = await wal.latest_message_id()
-        got: list[bytes] = []
-        if last is None:
-            return got
-        async with wal.read(timeticks=True) as scanner:
-            async for message in scanner:
-                if message.type is not MessageType.TIME_TICK:
-                    got.append(message.payload)
-                if message.message_id == last:
-                    break
-    return got
+    stored = await whole_log(f"file://{path}", "p0")
+    return [m.payload for m in stored if m.type is not MessageType.TIME_TICK]
 
 
 async def test_a_group_lands_in_order_with_the_appends_of_its_turn(tmp_path: Path) -> None:
