@@ -52,7 +52,7 @@ async def test_the_token_of_a_file_is_demanded_and_refusals_are_typed(node: str)
     for token in (None, "wrong"):
         with pytest.raises(walsvc.Unauthenticated, match="refused the connection"):
             await walsvc.open_wal(node, _pchannel(), token=token)
-    with pytest.raises(walsvc.UnsupportedVersion, match=r"versions 1\.\.1.*speaks 7\.\.9"):
+    with pytest.raises(walsvc.UnsupportedVersion, match=r"versions 1\.\.2.*speaks 7\.\.9"):
         await walsvc.open_wal(node, _pchannel(), token=TOKEN, versions=(7, 9))
     assert issubclass(walsvc.Unauthenticated, walsvc.WALError)
     assert not walsvc.Unauthenticated.retriable
@@ -113,7 +113,7 @@ async def test_the_status_shows_the_node_its_pchannels_connections_and_streams(
         assert len(await _take(scanner, 5)) == 5
         status = await _status(node)
         assert status.version
-        assert (status.min_version, status.max_version) == (1, 1)
+        assert (status.min_version, status.max_version) == (1, 2)
         assert status.url.startswith("memory://status-")
         assert node == f"walsvc://{status.listen}"
         assert not status.draining

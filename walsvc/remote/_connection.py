@@ -55,6 +55,7 @@ from ._protocol import (
     Refused,
     StreamEnded,
     StreamStarted,
+    StreamStats,
     Welcome,
     array_header,
     error_from,
@@ -235,7 +236,8 @@ class Connection:
         self._address = address
         self._reconnect_timeout = reconnect_timeout
         self._heartbeat = heartbeat
-        #: The protocol version negotiated.
+        #: The protocol version negotiated (on the current socket: a reconnect may
+        #: reach a node that speaks another).
         self.version = socket.version
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -402,6 +404,7 @@ class Connection:
 
     def _install(self, socket: _Socket) -> None:
         self._socket = socket
+        self.version = socket.version
         self.going_away = None
         self._heard = asyncio.get_running_loop().time()
         self._spawn(self._read(socket))
@@ -558,6 +561,10 @@ class Connection:
             scanner = self._streams.get(message.stream)
             if scanner is not None:
                 scanner._deliver(message.messages)
+        elif isinstance(message, StreamStats):
+            scanner = self._streams.get(message.stream)
+            if scanner is not None:
+                scanner._node_stats = message
         elif isinstance(message, StreamEnded):
             scanner = self._streams.get(message.stream)
             if (
