@@ -1,5 +1,5 @@
-"""Protocol v1 (docs/protocol.md): the error table, version negotiation, frame layout and
-batching, and the byte forms the document shows."""
+"""Protocol v1 and v2 (docs/protocol.md): the error table, version negotiation, frame
+layout and batching, and the byte forms the document shows."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def test_negotiation_picks_the_highest_common_version(
     assert p.negotiate((1, 4), (2, 3)) == 3
 
 
+def test_this_code_speaks_versions_1_and_2_and_stream_stats_came_with_2() -> None:
+    assert p.NODE_VERSIONS == (1, 2)
+    assert p.STREAM_STATS_VERSION == 2
+    assert p.negotiate((1, 1)) == 1  # a version 1 client gets version 1 from this node
+    assert p.negotiate((1, 2)) == 2
+    assert p.negotiate((2, 2), (1, 1)) is None  # a version 2 client insisting, an old node
+
+
 def test_the_byte_forms_the_document_shows() -> None:
     encode = msgspec.msgpack.encode
     assert encode(p.Hello(1, 1, None, "x")) == b"\x95\x01\x01\x01\xc0\xa1x"
@@ -82,6 +90,24 @@ def test_the_byte_forms_of_transactions_and_subscriptions() -> None:
         type=list[p.ClientMessage],
     )
     assert both == [p.Flush(3, 4, True), p.TxnResume(5, 1, 9)]
+
+
+def test_the_byte_forms_of_stream_stats() -> None:
+    encode = msgspec.msgpack.encode
+    assert encode(p.Hello(1, 2, None, "x")) == bytes.fromhex("95 01 01 02 c0 a1 78")
+    plain = p.StreamStats(1, "cache", 0, 0, 0, 0, 0, 0, None)
+    assert encode(plain) == bytes.fromhex("9a 1f 01 a5 63 61 63 68 65 00 00 00 00 00 00 c0")
+    checkpointed = p.StreamStats(3, "backend", 1, 0, 0, 0, 0, 0, ("memory:7", 12))
+    assert encode(checkpointed) == bytes.fromhex(
+        "9a 1f 03 a7 62 61 63 6b 65 6e 64 01 00 00 00 00 00 92 a8 6d 65 6d 6f 72 79 3a 37 0c"
+    )
+    decoded = msgspec.msgpack.decode(
+        b"\x92" + encode(checkpointed) + encode(plain), type=list[p.NodeMessage]
+    )
+    assert decoded == [checkpointed, plain]
+    # Items after the nine fields (a later version's) are ignored.
+    longer = encode([31, 1, "cache", 0, 0, 0, 0, 0, 0, None, "later"])
+    assert msgspec.msgpack.decode(longer, type=p.StreamStats) == plain
 
 
 async def test_a_writer_batches_a_loop_turn_into_frames_of_at_most_frame_items() -> None:

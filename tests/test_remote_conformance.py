@@ -5,15 +5,14 @@ What runs: the read-and-write rounds (concurrent producers, ``append`` and
 ``append_many``, readers from every deliver policy, ``latest()`` waiting, ids and ticks
 increasing across reopens), the read-only reopen, closing (``WALClosed``; scanners
 closed by their owner end), truncation, the exactly-once step (keyed appends, batches
-and a keyed transaction replayed after a reopen), and the scanner battery (filters,
-deliver policies, transaction visibility, a durable subscription resumed by a new
-client) but its tail-cache hand-off. What does not, and why:
+and a keyed transaction replayed after a reopen), and the whole scanner battery
+(filters, deliver policies, transaction visibility, a durable subscription resumed by a
+new client, and the tail-cache hand-off: a reader that starts behind reads the backend,
+then the cache, as its ``Scanner.stats().source`` says, which is the node's scanner's,
+sent by a node over protocol version 2 as ``StreamStats``). What does not, and why:
 - the term check between reopens (reset by the opener below) and the fencing step: the node is the
   pchannel's single writer, so a client's read-write open neither fences an earlier one
-  nor gets a new term; terms will come with pchannel assignment (a later slice);
-- the scanner battery's hand-off step checks ``Scanner.stats().source == "cache"``: the
-  node's scanner does read its tail cache, but protocol v1 carries no scanner stats, so
-  a remote scanner reports ``"node"`` (a strict xfail below names it).
+  nor gets a new term; terms will come with pchannel assignment (a later slice).
 """
 
 from __future__ import annotations
@@ -67,30 +66,6 @@ async def test_the_exactly_once_step_passes(node: str) -> None:
     await ExactlyOnceCheck(_opener(node), f"conf-keys-{uuid.uuid4().hex[:8]}", 30.0).run()
 
 
-async def test_the_scanner_battery_passes_but_the_hand_off(node: str) -> None:
-    """``ScannerCheck.run`` without ``hand_off`` (see the module docstring)."""
-    opener = _opener(node)
-    check = ScannerCheck(opener, f"conf-scanners-{uuid.uuid4().hex[:8]}", 30.0)
-    async with await opener(check.pchannel, read_only=False) as wal:
-        await check.write(wal)
-        await check.policies(wal, "writer (tail cache)")
-        await check.filters(wal, "writer (tail cache)")
-        await check.transactions(wal)
-    async with await opener(check.pchannel, read_only=True) as wal:
-        await check.policies(wal, "read-only (backend)")
-        await check.filters(wal, "read-only (backend)")
-    await check.subscription()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="protocol v1 carries no scanner stats: a remote scanner reports its source as"
-    " 'node', not the node scanner's 'cache'",
-)
-async def test_the_scanner_hand_off_step(node: str) -> None:
-    opener = _opener(node)
-    check = ScannerCheck(opener, f"conf-hand-off-{uuid.uuid4().hex[:8]}", 30.0)
-    async with await opener(check.pchannel, read_only=False) as wal:
-        await check.write(wal)
-        await check.hand_off(wal)
+async def test_the_scanner_battery_passes(node: str) -> None:
+    """``ScannerCheck.run``: every step, the tail-cache hand-off included."""
+    await ScannerCheck(_opener(node), f"conf-scanners-{uuid.uuid4().hex[:8]}", 30.0).run()

@@ -15,6 +15,7 @@ import pytest
 import scanners
 import walsvc
 from walsvc import Checkpoint, DeliverPolicy, ImmutableMessage, Message, MessageType
+from walsvc.read._scanner import LocalScanner
 
 _WAIT = 5.0
 
@@ -237,6 +238,36 @@ async def test_tailing_readers_read_the_cache_and_late_readers_hand_off(url: str
         assert stats is not None
         assert not stats.active
         assert stats.messages == 0
+
+
+async def test_the_counters_a_node_checks_per_batch_move_with_the_stats(url: str) -> None:
+    """``LocalScanner.switches`` moves with the source, ``stage_changes`` with a batch the
+    reorder or transaction stage changed, and neither with a plain batch (a node
+    reports a scanner's stats only when they move: walsvc.service._stream_stats)."""
+    async with await walsvc.open_wal(url, "p") as wal:
+        await wal.append_many([data(b"h%d" % i) for i in range(5)])
+        async with wal.read(subscription="counters") as scanner:
+            assert isinstance(scanner, LocalScanner)
+            assert scanner.switches == -1  # a subscription starts at its first read
+            await take(scanner, 5)  # from the backend: nothing cached before the read
+            assert (scanner.switches, scanner.stage_changes) == (0, 0)
+            await wal.append(data(b"plain"))
+            await take(scanner, 1)
+            assert scanner.stats().source == "cache"
+            assert (scanner.switches, scanner.stage_changes) == (1, 0)
+            async with wal.txn("v1") as txn:
+                await txn.append(data(b"body"))
+                await wal.append(data(b"other", "v2"))
+                (other,) = await take(scanner, 1)
+                assert other.payload == b"other"
+                assert scanner.stats().open_txns == 1
+                changed = scanner.stage_changes
+                assert changed >= 1
+            (committed,) = await take(scanner, 1)
+            assert committed.type is MessageType.TXN
+            assert scanner.stage_changes > changed
+            assert scanner.stats().open_txns == 0
+            assert scanner.switches == 1
 
 
 async def test_a_reader_the_cache_evicted_reads_on_from_the_backend(url: str) -> None:

@@ -23,11 +23,11 @@ __all__ = ("Scanner", "ScannerStats")
 
 
 class ScannerStats(msgspec.Struct, frozen=True):
-    """A snapshot of one scanner: where it reads (``"cache"``, ``"backend"``, or
-    ``"node"`` for a scanner fed by a walsvc node) and how far it got, what it delivered,
-    its hand-offs between the tail cache and the backend, what its reorder and
-    transaction stages hold or rejected, and its subscription's last durable
-    checkpoint."""
+    """A snapshot of one scanner: where it reads (``"cache"``, ``"backend"``; over
+    walsvc:// the node's scanner's, or ``"node"`` from a node that speaks only protocol
+    version 1) and how far it got, what it delivered, its hand-offs between the tail
+    cache and the backend, what its reorder and transaction stages hold or rejected,
+    and its subscription's last durable checkpoint."""
 
     source: Literal["cache", "backend", "node", "not started"]
     position: MessageId | None

@@ -96,6 +96,7 @@ class LocalScanner(Scanner):
         "_txns",
         "_user_closed",
         "_wal_closed",
+        "stage_changes",
     )
 
     def __init__(
@@ -117,6 +118,10 @@ class LocalScanner(Scanner):
         self._user_closed = False
         self._wal_closed = False
         self._delivered = 0
+        #: Batches the reorder or transaction stage changed (rejected, held or released
+        #: messages, opened or ended transactions): their figures in ``stats()`` change
+        #: only with it (a node checks it per batch it sends).
+        self.stage_changes = 0
         self._timeticks = raw or timeticks
         # The last message handed out, and whether an ack covered it: while every
         # delivered message is acknowledged, the TimeTicks left out move a subscription's
@@ -194,11 +199,14 @@ class LocalScanner(Scanner):
                     wanted = self._wants_idle_ticks()
                     if wanted is not source.idle_ticks:
                         source.want_idle_ticks(wanted)
-                batch = await source.next_batch()
+                batch = staged = await source.next_batch()
                 if self._reorder is not None:
-                    batch = self._reorder.push(batch)
-                if self._txns is not None and batch:
-                    batch = self._txns.push(batch)
+                    staged = self._reorder.push(staged)
+                if self._txns is not None and staged:
+                    staged = self._txns.push(staged)
+                if staged is not batch:  # (each returns its input when it changed nothing)
+                    self.stage_changes += 1
+                    batch = staged
                 if self._floor >= 0 and batch:
                     batch = self._above_floor(batch)
                 if batch and not self._timeticks:
@@ -290,6 +298,14 @@ class LocalScanner(Scanner):
             txn_bytes=0 if txns is None else txns.held_bytes,
             checkpoint=None if self._checkpoints is None else self._checkpoints.written,
         )
+
+    @property
+    def switches(self) -> int:
+        """How often the source switched between the tail cache and the backend (its
+        hand-offs plus fallbacks; -1 before it started): ``stats().source`` changes only
+        with it, and reading it costs far less (a node checks it per batch it sends)."""
+        source = self._source
+        return -1 if source is None else source.handoffs + source.fallbacks
 
     async def aclose(self) -> None:
         """Stop the scanner (iteration then ends) and flush its subscription's checkpoint.

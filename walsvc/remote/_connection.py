@@ -55,6 +55,7 @@ from ._protocol import (
     Refused,
     StreamEnded,
     StreamStarted,
+    StreamStats,
     Welcome,
     array_header,
     error_from,
@@ -251,7 +252,8 @@ class Connection:
         self._address = address
         self._reconnect_timeout = reconnect_timeout
         self._heartbeat = heartbeat
-        #: The protocol version negotiated.
+        #: The protocol version negotiated (on the current socket: a reconnect may
+        #: reach a node that speaks another).
         self.version = socket.version
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -602,6 +604,10 @@ class Connection:
             scanner = self._streams.get(message.stream)
             if scanner is not None:
                 scanner._deliver(message.messages)
+        elif isinstance(message, StreamStats):
+            scanner = self._streams.get(message.stream)
+            if scanner is not None:
+                scanner._node_stats = message
         elif isinstance(message, StreamEnded):
             scanner = self._streams.get(message.stream)
             if (

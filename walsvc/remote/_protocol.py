@@ -1,4 +1,4 @@
-"""walsvc wire protocol, version 1: frames, message types, the handshake, error codes.
+"""walsvc wire protocol, versions 1 and 2: frames, message types, the handshake, error codes.
 
 docs/protocol.md is the specification (byte layout, every field, the handshake, the
 error table); this module is its executable form, shared by the client
@@ -8,6 +8,8 @@ A frame is a 4-byte big-endian unsigned length N, then N bytes: one msgpack arra
 items are messages. Each message is a msgspec Struct encoded ``array_like`` with an
 integer tag first (``[tag, field, ...]``), so a frame carries many requests, answers
 or deliveries at once: a connection's writer drains everything queued into one frame.
+Version 2 adds one node message, ``StreamStats`` (a stream's scanner stats), sent only on
+connections that negotiated it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = (
     "MAX_FRAME_BYTES",
     "NODE_VERSIONS",
     "PRODUCER_KEY_PREFIX",
+    "STREAM_STATS_VERSION",
     "Ack",
     "AckFailed",
     "Append",
@@ -82,6 +85,7 @@ __all__ = (
     "StatusIs",
     "StreamEnded",
     "StreamStarted",
+    "StreamStats",
     "Truncate",
     "TxnAppend",
     "TxnBegin",
@@ -105,6 +109,9 @@ __all__ = (
 PRODUCER_KEY_PREFIX: Final = "~"
 #: The protocol versions this code speaks, lowest and highest.
 NODE_VERSIONS: Final = (1, 2)
+#: The first version with ``StreamStats``: a node sends it only on a connection that
+#: negotiated this version or a later one (an older client could not decode it).
+STREAM_STATS_VERSION: Final = 2
 #: A frame's length prefix: 4 bytes, big-endian, unsigned; counts the body only.
 FRAME_HEADER: Final = struct.Struct(">I")
 #: The largest frame body either side accepts: 16 MiB of messages plus 64 KiB of
@@ -562,6 +569,27 @@ class Pong(msgspec.Struct, array_like=True, frozen=True, tag=30):
     nonce: int
 
 
+class StreamStats(msgspec.Struct, array_like=True, frozen=True, tag=31):
+    """Version 2: the stats of the node's scanner of a stream (``ScannerStats`` but the
+    position and the count delivered, which the client knows better): where it reads
+    (``"cache"``, ``"backend"``, or ``"not started"`` before a subscription loaded its
+    checkpoint), its hand-offs and fallbacks, what its reorder and transaction stages
+    rejected or hold, and its subscription's last durable checkpoint as
+    [last_confirmed_id, timetick] (nil: none). Sent when the stream starts, at once
+    when its source switches, at most once per interval otherwise (only what changed),
+    and before a ``Flush``'s ``Done``; each replaces the one before."""
+
+    stream: int
+    source: str
+    handoffs: int
+    fallbacks: int
+    rejected: int
+    held_for_order: int
+    open_txns: int
+    txn_bytes: int
+    checkpoint: tuple[str | None, int] | None
+
+
 class StatusIs(msgspec.Struct, array_like=True, frozen=True, tag=70):
     """The answer to ``Status``: the node, its pchannels, connections and streams."""
 
@@ -614,6 +642,7 @@ NodeMessage = (
     | Done
     | StreamStarted
     | Pong
+    | StreamStats
     | StatusIs
     | GoingAway
     | TxnBegun

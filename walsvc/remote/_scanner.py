@@ -8,6 +8,13 @@ failure comes back as ``AckFailed``, raised by the next ``ack``, ``flush`` or
 ``flush`` and ``aclose`` wait for the node's checkpoint write (``Flush``). One reader
 per name: the node refuses a second one from any client (``SubscriptionBusy`` at the
 first read); a second one in this process is refused at ``read``, as locally.
+
+``stats()`` merges what the scanner knows itself (its position, what it delivered) with
+the node scanner's stats, which a node that speaks protocol version 2 sends as
+``StreamStats`` (at the start, at every source switch, within 100 ms of other changes;
+see ``walsvc.service._stream_stats``): the latest one received counts. Over version 1
+the source reads ``"node"`` and the node's figures are zeros. A stream resumed on a
+new socket reads with a new node scanner: the counters of the earlier ones are added.
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, Literal, final
 
 import msgspec
 
 from walsvc.core._api import Scanner, ScannerStats
+from walsvc.core._deliver import Checkpoint
 from walsvc.core._errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -33,10 +41,12 @@ from walsvc.core._message import (
 )
 
 from ._protocol import (
+    STREAM_STATS_VERSION,
     Ack,
     Credit,
     Flush,
     Read,
+    StreamStats,
     WireDelivered,
 )
 
@@ -47,6 +57,12 @@ __all__ = ("RemoteScanner", "claim_subscription")
 
 #: The subscriptions read by a scanner of this process: (node URL, pchannel, name).
 _claimed: Final[set[tuple[str, str, str]]] = set()
+#: The sources a node reports (any other reads as "node").
+_SOURCES: Final[dict[str, Literal["cache", "backend", "not started"]]] = {
+    "cache": "cache",
+    "backend": "backend",
+    "not started": "not started",
+}
 
 
 def claim_subscription(where: str, pchannel: str, name: str) -> tuple[str, str, str]:
@@ -84,6 +100,7 @@ class RemoteScanner(Scanner):
         "_claim",
         "_delivered",
         "_end",
+        "_node_stats",
         "_owed_bytes",
         "_owed_messages",
         "_position",
@@ -93,6 +110,7 @@ class RemoteScanner(Scanner):
         "_skip_through",
         "_start_tick",
         "_started",
+        "_stats_base",
         "_stream",
         "_subscription",
         "_user_closed",
@@ -139,6 +157,10 @@ class RemoteScanner(Scanner):
         self._resumed = False
         self._busy_since = 0.0
         self._busy_tries = 0
+        #: The latest stats of the node's scanner (protocol version 2), and what the
+        #: node scanners of earlier sockets counted (a resumed stream's starts afresh).
+        self._node_stats: StreamStats | None = None
+        self._stats_base = _NO_STATS
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -177,6 +199,21 @@ class RemoteScanner(Scanner):
         leaves."""
         read = self._read
         self._resumed = True
+        last = self._node_stats
+        if last is not None:
+            base = self._stats_base
+            self._stats_base = StreamStats(
+                0,
+                "",
+                base.handoffs + last.handoffs,
+                base.fallbacks + last.fallbacks,
+                base.rejected + last.rejected,
+                0,
+                0,
+                0,
+                base.checkpoint if last.checkpoint is None else last.checkpoint,
+            )
+            self._node_stats = None
         if self._received is not None:
             deliver, deliver_id, after = "start_after", self._received, 0
             if read.subscription is not None:
@@ -305,20 +342,35 @@ class RemoteScanner(Scanner):
         self._raise_ack_error()
 
     def stats(self) -> ScannerStats:
-        """A snapshot of this scanner: what it delivered and its position (the node's
-        stages are not reported yet)."""
+        """A snapshot of this scanner: its position and what it delivered (to the user),
+        and the node's scanner as its latest report says: where it reads, hand-offs and
+        fallbacks, what its stages reject and hold, the subscription's durable
+        checkpoint. Before the first report the source is ``"not started"``; from a
+        node that speaks only protocol version 1 it is ``"node"``, with zeros."""
+        base, node = self._stats_base, self._node_stats
+        source: Literal["cache", "backend", "node", "not started"]
+        if node is None:
+            node = _NO_STATS
+            source = "not started" if self._wal._conn.version >= STREAM_STATS_VERSION else "node"
+        else:
+            source = _SOURCES.get(node.source, "node")
+        checkpoint = base.checkpoint if node.checkpoint is None else node.checkpoint
         return ScannerStats(
-            source="node",
+            source=source,
             position=self._position,
             delivered=self._delivered,
-            handoffs=0,
-            fallbacks=0,
-            rejected=0,
-            held_for_order=0,
-            open_txns=0,
-            txn_bytes=0,
-            checkpoint=None,
+            handoffs=base.handoffs + node.handoffs,
+            fallbacks=base.fallbacks + node.fallbacks,
+            rejected=base.rejected + node.rejected,
+            held_for_order=node.held_for_order,
+            open_txns=node.open_txns,
+            txn_bytes=node.txn_bytes,
+            checkpoint=None if checkpoint is None else self._checkpoint(checkpoint),
         )
+
+    def _checkpoint(self, wire: tuple[str | None, int]) -> Checkpoint:
+        lc, timetick = wire
+        return Checkpoint(None if lc is None else self._wal._ids(lc), timetick)
 
     async def aclose(self) -> None:
         """Stop the scanner (iteration then ends) and the node's stream; for a
@@ -346,3 +398,5 @@ class RemoteScanner(Scanner):
 
 #: The end of a stream closed normally.
 _ENDED: Final = object()
+#: Nothing counted by a node scanner yet.
+_NO_STATS: Final = StreamStats(0, "", 0, 0, 0, 0, 0, 0, None)

@@ -41,6 +41,7 @@ from walsvc.remote._node_status import NodeLimits, NodeStatus
 from walsvc.remote._protocol import (
     NODE_VERSIONS,
     PRODUCER_KEY_PREFIX,
+    STREAM_STATS_VERSION,
     Ack,
     AckFailed,
     Append,
@@ -86,6 +87,7 @@ from walsvc.write._coalesce import Outcome
 from ._drain import DRAINING, drain_node, draining_answer
 from ._limits import STATUS_CHARGE, Requests, Watchdog, check_credit, keep_alive
 from ._status import answer_status, host_port, node_status
+from ._stream_stats import StatsReporter
 from ._subscriptions import acknowledge, close_scanner
 from ._txns import NodeTxns, TxnRequest
 from ._wire import message_of, wire_result
@@ -148,7 +150,8 @@ def _cost(m: ImmutableMessage) -> int:
 @final
 class _Stream:
     """One client stream: its scanner's pump and its credit; what closing the scanner
-    raised (a subscription's last checkpoint write), once the pump was cancelled."""
+    raised (a subscription's last checkpoint write), once the pump was cancelled; the
+    reporter of its scanner's stats (protocol version 2 and later)."""
 
     __slots__ = (
         "bytes",
@@ -157,6 +160,7 @@ class _Stream:
         "delivered",
         "messages",
         "read",
+        "report",
         "scanner",
         "task",
         "waiting_for_credit",
@@ -175,14 +179,23 @@ class _Stream:
         self.task: asyncio.Task[None] | None = None
         self.delivered = 0  # messages sent
         self.waiting_for_credit = self.waiting_for_send = False
+        self.report: StatsReporter | None = None
+
+    def stop_reporting(self) -> None:
+        """The stream ends: its reporter sends nothing more (no stats after StreamEnded)."""
+        if self.report is not None:
+            self.report.close()
 
 
 @final
 class _Session:
     """One client connection after its handshake."""
 
-    def __init__(self, node: NodeServer, writer: FrameWriter, peer: str, number: int) -> None:
+    def __init__(
+        self, node: NodeServer, writer: FrameWriter, peer: str, number: int, version: int
+    ) -> None:
         self._node = node
+        self.version = version  # the protocol version negotiated
         self._writer = writer
         self.peer = peer
         self.number = number
@@ -361,6 +374,8 @@ class _Session:
             return  # ended: the client learns it from StreamEnded
         try:
             acknowledge(stream.scanner, ack)
+            if stream.report is not None:
+                stream.report.acked(ack.checkpoint_tick)
         except Exception as exc:
             if not isinstance(exc, WALError):
                 _log.exception("an ack of stream %d of %s failed", ack.stream, self.peer)
@@ -374,6 +389,8 @@ class _Session:
                 stream = self._streams.get(request.stream)
                 if stream is not None:
                     await stream.scanner.flush()
+                    if stream.report is not None:
+                        stream.report.report()  # the checkpoint flushed, ahead of Done
         except Exception as exc:
             self._fail(request.request, exc)
             return
@@ -452,6 +469,9 @@ class _Session:
         stream = self._streams[request.stream] = _Stream(request, scanner)
         if deliver.kind == "latest":
             self._send(StreamStarted(request.stream, wal.last_timetick))
+        if self.version >= STREAM_STATS_VERSION:
+            stream.report = StatsReporter(request.stream, scanner, self._writer)
+            stream.report.report()
         stream.task = asyncio.get_running_loop().create_task(
             self._pump(request.stream, stream, scanner)
         )
@@ -459,6 +479,7 @@ class _Session:
     async def _pump(self, number: int, stream: _Stream, scanner: LocalScanner) -> None:
         """Send the scanner's batches within the stream's credit."""
         code, text = ErrorCode.OK, ""
+        report = stream.report
         try:
             async for batch in scanner.batches():
                 start = 0
@@ -483,15 +504,23 @@ class _Session:
                     stream.messages -= end - start
                     stream.bytes -= spent
                     stream.delivered += end - start
+                    if report is not None and (
+                        report.on_backend
+                        or scanner.switches != report.switches
+                        or scanner.stage_changes != report.stage_changes
+                    ):
+                        report.delivering()  # a source switch at once, the rest within 100 ms
                     self._send(Delivered(number, [_wire_delivered(m) for m in batch[start:end]]))
                     start = end
         except asyncio.CancelledError:
+            stream.stop_reporting()
             stream.close_error = await close_scanner(scanner)
             raise
         except Exception as exc:
             if not isinstance(exc, WALError):
                 _log.exception("stream %d of %s failed", number, self.peer)
             code, text = error_code(exc), str(exc)
+        stream.stop_reporting()
         closed = await close_scanner(scanner)
         if closed is not None and code == ErrorCode.OK:
             code, text = error_code(closed), str(closed)
@@ -509,6 +538,7 @@ class _Session:
         ``code`` is None)."""
         streams, self._streams = self._streams, {}
         for number, stream in streams.items():
+            stream.stop_reporting()  # nothing after its StreamEnded
             if stream.task is not None:
                 stream.task.cancel()
             if code is not None:
@@ -652,7 +682,7 @@ class NodeServer:
         assert version is not None
         frames.send(_encode(Welcome(version, *NODE_VERSIONS, "walsvc-python")))
         self._connections += 1
-        session = _Session(self, frames, peer, self._connections)
+        session = _Session(self, frames, peer, self._connections, version)
         self._live.add(session)
         watchdog = session.watchdog = Watchdog(
             limits, frames, session._tasks, lambda reason: self._refuse_peer(peer, reason)
