@@ -129,6 +129,7 @@ async def test_the_status_shows_the_node_its_pchannels_connections_and_streams(
         assert connection.peer.startswith("127.0.0.1:")
         assert connection.connected_at <= status.started_at + status.uptime
         assert connection.in_flight == 0
+        assert connection.version == 2
         assert (stream.deliver, stream.filter) == ("all", "vchannels=v1")
         assert stream.delivered == 5
         assert stream.credit_messages == 4096 - 5  # the reader grants more after half
@@ -182,6 +183,18 @@ async def test_a_stalled_stream_shows_pressure_while_others_go_on(node: str) -> 
         assert sorted(s.delivered for _, s in _streams_of(status, pchannel)) == [250, 250]
         await stalled.aclose()
         await flowing.aclose()
+
+
+async def test_the_status_names_the_version_each_connection_speaks(node: str) -> None:
+    pchannel = _pchannel()
+    async with (
+        await walsvc.open_wal(node, pchannel, token=TOKEN, versions=(1, 1)) as old,
+        await walsvc.open_wal(node, pchannel, token=TOKEN) as new,
+    ):
+        assert (old.connection.version, new.connection.version) == (1, 2)
+        status = await _status(node)
+        named = [c for c in status.connections if any(h.pchannel == pchannel for h in c.handles)]
+        assert sorted(c.version for c in named) == [1, 2]
 
 
 def test_walsvc_status_prints_tables_or_json(

@@ -159,11 +159,22 @@ def format_status(status: NodeStatus) -> str:
     now = status.started_at + status.uptime
     lines += ["", "connections"]
     lines += _table(
-        ("CONN", "PEER", "CONNECTED", "HANDLES", "IN FLIGHT", "QUEUED", "READING", "STREAMS"),
+        (
+            "CONN",
+            "PEER",
+            "VERSION",
+            "CONNECTED",
+            "HANDLES",
+            "IN FLIGHT",
+            "QUEUED",
+            "READING",
+            "STREAMS",
+        ),
         [
             (
                 c.connection,
                 c.peer,
+                c.version,
                 f"{_duration(now - c.connected_at)} ago",
                 ",".join(f"{h.pchannel}{' (ro)' if h.read_only else ''}" for h in c.handles) or "-",
                 c.in_flight,

@@ -89,7 +89,9 @@ class ConnectionStatus(msgspec.Struct, frozen=True, kw_only=True):
     """One client connection after its handshake. ``in_flight``: requests received and
     not answered yet; ``queued_bytes``: answers and deliveries the node holds for the
     client and the client has not taken yet; ``reading_paused``: above
-    ``NodeLimits.send_queue_bytes``, the node reads no more of its requests."""
+    ``NodeLimits.send_queue_bytes``, the node reads no more of its requests;
+    ``version``: the protocol version the connection speaks (during a rolling upgrade,
+    which clients still speak an older one)."""
 
     connection: int
     peer: str
@@ -99,6 +101,7 @@ class ConnectionStatus(msgspec.Struct, frozen=True, kw_only=True):
     queued_bytes: int
     reading_paused: bool
     streams: list[StreamStatus]
+    version: int = 1
 
 
 class PchannelStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -121,6 +121,7 @@ def _connection(session: _Session) -> ConnectionStatus:
         queued_bytes=session._writer.queued_bytes,
         reading_paused=session.watchdog is not None and not session.watchdog.reading,
         streams=streams,
+        version=session.version,
     )
 
 
