@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import interceptors
@@ -66,3 +67,14 @@ async def log_of(wal: walsvc.WAL) -> list[ImmutableMessage]:
 
 def data(payload: bytes, vchannel: str = "v1", **kwargs: Any) -> Message:
     return Message(payload=payload, vchannel=vchannel, **kwargs)
+
+
+async def take(scanner: walsvc.Scanner, count: int, within: float = 30) -> list[ImmutableMessage]:
+    """The next ``count`` messages of ``scanner`` (``TimeoutError`` past ``within`` s)."""
+    taken: list[ImmutableMessage] = []
+    async with asyncio.timeout(within):
+        async for message in scanner:
+            taken.append(message)
+            if len(taken) == count:
+                break
+    return taken

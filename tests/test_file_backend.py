@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _chain_support import take
 from _crash_child import PARENT, PCHANNEL, check_message
 from _segments import whole_frames
 
@@ -107,16 +108,6 @@ async def _fill(
             results = await wal.append_many(batch)
         log.add(batch, results)
         count -= n
-
-
-async def _take(scanner: walsvc.Scanner, n: int, within: float = 10) -> list[ImmutableMessage]:
-    out: list[ImmutableMessage] = []
-    async with asyncio.timeout(within):
-        async for message in scanner:
-            out.append(message)
-            if len(out) == n:
-                break
-    return out
 
 
 async def _read_all(
@@ -212,7 +203,7 @@ async def test_truncate_deletes_whole_segments_only_and_never_the_newest(
                 break
             # Reads start right after the cut, even inside a segment still on disk.
             async with wal.read() as scanner:
-                [first] = await _take(scanner, 1)
+                [first] = await take(scanner, 1)
             assert _seq(first.message_id) == cut + 1
             got = await _read_all(wal)
             log.check(got, start=cut + 1)
@@ -220,9 +211,9 @@ async def test_truncate_deletes_whole_segments_only_and_never_the_newest(
             for gone in (cut, cut // 2, 0):
                 with pytest.raises(WALTruncated):
                     async with wal.read(DeliverPolicy.start_from(FileMessageId(gone))) as s:
-                        await _take(s, 1, within=5)
+                        await take(s, 1, within=5)
             async with wal.read(DeliverPolicy.start_after(FileMessageId(cut))) as scanner:
-                log.check(await _take(scanner, 1), start=cut + 1)
+                log.check(await take(scanner, 1), start=cut + 1)
 
         # Truncating through the newest message keeps counting: ids and ticks go on.
         result = await wal.append(Message(payload=b"next", vchannel="v"))
@@ -251,7 +242,7 @@ async def test_truncation_survives_a_reopen(tmp_path: Path, seed: random.Random)
             got = await _read_all(wal)
             with pytest.raises(WALTruncated):
                 async with wal.read(DeliverPolicy.start_from(FileMessageId(cut))) as s:
-                    await _take(s, 1, within=5)
+                    await take(s, 1, within=5)
         log.check(got, start=cut + 1)
         assert len(got) == len(log.messages) - cut - 1
 
@@ -277,7 +268,7 @@ async def test_a_scanner_behind_a_truncation_never_skips(
         assert len(starts) >= 5
         last = _seq(log.results[-1].message_id)
         async with wal.read() as scanner:
-            ids = [_seq((await _take(scanner, 1))[0].message_id)]  # segment 0 is being read
+            ids = [_seq((await take(scanner, 1))[0].message_id)]  # segment 0 is being read
             assert ids == [0]
             # Through the first record of segment 1 (deletes segment 0 only), or of
             # segment 3 (deletes segments 0-2, including the one after segment 0).
@@ -330,11 +321,11 @@ async def test_a_scanner_starting_while_its_segment_is_deleted(
         monkeypatch.setattr(os, "listdir", listdir_racing_a_truncation)
         with pytest.raises(WALTruncated):
             async with wal.read(DeliverPolicy.start_from(FileMessageId(0))) as scanner:
-                await _take(scanner, 1, within=5)
+                await take(scanner, 1, within=5)
         assert raced
         monkeypatch.undo()
         async with wal.read() as scanner:
-            [first] = await _take(scanner, 1)
+            [first] = await take(scanner, 1)
         assert _seq(first.message_id) == starts[1] + 1
 
 
@@ -373,11 +364,11 @@ async def test_seeks_are_exact_everywhere(tmp_path: Path, seed: random.Random) -
             for target in targets:
                 want = min(4, last - target + 1)
                 async with reader.read(DeliverPolicy.start_from(FileMessageId(target))) as s:
-                    log.check(await _take(s, want), start=target)
+                    log.check(await take(s, want), start=target)
                 if target < last:
                     policy = DeliverPolicy.start_after(FileMessageId(target))
                     async with reader.read(policy) as s:
-                        log.check(await _take(s, min(3, last - target)), start=target + 1)
+                        log.check(await take(s, min(3, last - target)), start=target + 1)
 
         await check(wal)  # the writer's own index
         async with await open_bare(url, "p", read_only=True) as fresh:
@@ -404,8 +395,8 @@ async def test_a_reader_in_this_process_is_woken_by_appends(tmp_path: Path) -> N
                 for i in range(1, 6):
                     # Both scanners are already waiting at the end of the log.
                     pending = [
-                        asyncio.ensure_future(_take(tail, 1, within=5)),
-                        asyncio.ensure_future(_take(own, 1, within=5)),
+                        asyncio.ensure_future(take(tail, 1, within=5)),
+                        asyncio.ensure_future(take(own, 1, within=5)),
                     ]
                     await asyncio.sleep(0.01)
                     assert not any(p.done() for p in pending)
@@ -475,7 +466,7 @@ async def test_a_reader_in_another_process_polls_for_appends(
         await open_bare(url, PCHANNEL, read_only=True, poll_interval=0.01) as reader,
         reader.read(DeliverPolicy.start_after(start.message_id)) as tail,
     ):
-        reading = asyncio.ensure_future(_take(tail, 50, within=20))
+        reading = asyncio.ensure_future(take(tail, 50, within=20))
         await asyncio.sleep(0.05)
         assert not reading.done()  # waiting at the end of the log
         child = await _child("append", tmp_path, 50)
@@ -677,7 +668,7 @@ async def test_messages_bigger_than_a_read_block_round_trip(
         for i, message in enumerate(log.messages):
             if len(message.payload) > mib // 2:
                 async with wal.read(DeliverPolicy.start_from(FileMessageId(i))) as scanner:
-                    log.check(await _take(scanner, 2), start=i)
+                    log.check(await take(scanner, 2), start=i)
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from _chain_support import take
 from _node_process import node_process
 
 import walsvc
@@ -72,16 +73,6 @@ def test_a_token_file_that_is_missing_or_empty_is_a_usage_error(
     assert "error: --token-file" in capsys.readouterr().err
 
 
-async def _take(scanner: walsvc.Scanner, count: int) -> list[walsvc.ImmutableMessage]:
-    taken = []
-    async with asyncio.timeout(30):
-        async for message in scanner:
-            taken.append(message)
-            if len(taken) == count:
-                break
-    return taken
-
-
 async def _status(node: str) -> NodeStatus:
     async with asyncio.timeout(30):
         return await fetch_status(node, token=TOKEN)
@@ -110,7 +101,7 @@ async def test_the_status_shows_the_node_its_pchannels_connections_and_streams(
             [Message(payload=b"m", vchannel=f"v{i % 2}") for i in range(10)]
         )
         scanner = wal.read(DeliverPolicy.all(), [Filter(vchannels=["v1"])])
-        assert len(await _take(scanner, 5)) == 5
+        assert len(await take(scanner, 5)) == 5
         status = await _status(node)
         assert status.version
         assert (status.min_version, status.max_version) == (1, 2)
@@ -155,7 +146,7 @@ async def test_a_stalled_stream_shows_pressure_while_others_go_on(node: str) -> 
         stalled = stalled_wal.read()  # its reader never consumes
         flowing = other.read()
         await writer.append_many([Message(payload=b"a", vchannel="v") for _ in range(100)])
-        assert len(await _take(flowing, 100)) == 100
+        assert len(await take(flowing, 100)) == 100
 
         def pressed(status: NodeStatus) -> bool:
             return any(
@@ -171,10 +162,10 @@ async def test_a_stalled_stream_shows_pressure_while_others_go_on(node: str) -> 
         assert (stalled_status.credit_messages, stalled_status.credit_bytes) == (0, (8 << 20) - 10)
         for _ in range(3):  # the others go on; the stalled stream holds its window
             await writer.append_many([Message(payload=b"b", vchannel="v") for _ in range(50)])
-            assert len(await _take(flowing, 50)) == 50
+            assert len(await take(flowing, 50)) == 50
         status = await _status(node)
         assert sorted(s.delivered for _, s in _streams_of(status, pchannel)) == [10, 250]
-        rest = await _take(stalled, 250)  # it resumes, missing nothing
+        rest = await take(stalled, 250)  # it resumes, missing nothing
         assert len(rest) == 250
         status = await _until(
             node,

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import msgspec
 import pytest
+from _chain_support import take
 from _node_process import node_process
 from _tcp_proxy import TcpProxy
 
@@ -54,16 +55,6 @@ def _messages(count: int, vchannel: str = "v") -> list[Message]:
     return [Message(payload=b"m%d" % i, vchannel=vchannel) for i in range(count)]
 
 
-async def _take(scanner: walsvc.Scanner, count: int) -> list[walsvc.ImmutableMessage]:
-    taken: list[walsvc.ImmutableMessage] = []
-    async with asyncio.timeout(30):
-        async for message in scanner:
-            taken.append(message)
-            if len(taken) == count:
-                break
-    return taken
-
-
 async def _until(condition: Callable[[], bool], what: str, within: float = 10.0) -> None:
     try:
         async with asyncio.timeout(within):
@@ -95,7 +86,7 @@ async def test_a_tailing_reader_reports_the_node_tail_cache(node: str) -> None:
         assert wal.connection.version == 2
         scanner = await _tailing(wal)
         results = await wal.append_many(_messages(20))
-        got = await _take(scanner, 20)
+        got = await take(scanner, 20)
         stats = scanner.stats()
         assert stats.source == "cache"
         assert (stats.handoffs, stats.fallbacks, stats.rejected) == (0, 0, 0)
@@ -119,7 +110,7 @@ async def test_a_reader_behind_the_cache_reads_the_backend_then_hands_off(node: 
             scanner = reader.read(DeliverPolicy.all())
             # Nothing from the node yet (read sends the Read; no frame was handled since).
             assert scanner.stats().source == "not started"
-            (first,) = await _take(scanner, 1)
+            (first,) = await take(scanner, 1)
             stats = scanner.stats()
             # The node is at most a window ahead: still on the backend, no hand-off yet.
             assert stats.source == "backend"
@@ -128,7 +119,7 @@ async def test_a_reader_behind_the_cache_reads_the_backend_then_hands_off(node: 
             # What the client handed over: the batch of ``first`` (as a local scanner counts).
             assert 1 <= stats.delivered <= 64
             assert stats.position == results[stats.delivered - 1].message_id
-            rest = await _take(scanner, len(results) - 1)
+            rest = await take(scanner, len(results) - 1)
             assert rest[-1].message_id == results[-1].message_id
             # Nothing more to read: the node's scanner hands off to the cache, and says so
             # within 100 ms though it delivers nothing.
@@ -136,7 +127,7 @@ async def test_a_reader_behind_the_cache_reads_the_backend_then_hands_off(node: 
             assert scanner.stats().handoffs == 1
             # Caught up: what is appended now comes from the cache, after one hand-off.
             new = await wal.append_many(_messages(5))
-            got = await _take(scanner, 5)
+            got = await take(scanner, 5)
             assert [m.message_id for m in got] == [r.message_id for r in new]
             stats = scanner.stats()
             assert stats.source == "cache"
@@ -152,12 +143,12 @@ async def test_a_subscription_shows_its_durable_checkpoint(node: str) -> None:
         await wal.append_many(_messages(40))
         scanner = wal.read(DeliverPolicy.all(), subscription="stats", checkpoint_interval=0.05)
         assert scanner.stats().checkpoint is None
-        first = await _take(scanner, 10)
+        first = await take(scanner, 10)
         await scanner.ack(first[-1])
         await scanner.flush()  # the node reports the checkpoint it wrote ahead of Done
         assert scanner.stats().checkpoint == first[-1].checkpoint
         await asyncio.sleep(0.3)  # a look the deliveries scheduled is over
-        second = await _take(scanner, 10)
+        second = await take(scanner, 10)
         await scanner.ack(second[-1])  # no flush: the node reports it once written
         await _until(
             lambda: scanner.stats().checkpoint == second[-1].checkpoint,
@@ -169,7 +160,7 @@ async def test_a_subscription_shows_its_durable_checkpoint(node: str) -> None:
             again = other.read(subscription="stats")
             await _until(lambda: again.stats().source != "not started", "the stream's start")
             assert again.stats().checkpoint == second[-1].checkpoint
-            (resumed,) = await _take(again, 1)
+            (resumed,) = await take(again, 1)
             assert resumed.payload == b"m20"
             await again.aclose()
 
@@ -192,7 +183,7 @@ async def test_an_open_transaction_shows_while_the_node_holds_it(node: str) -> N
         txn = await wal.begin_txn("t")
         await txn.append(Message(payload=b"x" * 100, vchannel="t"))
         await wal.append(Message(payload=b"other", vchannel="a"))
-        (other,) = await _take(scanner, 1)
+        (other,) = await take(scanner, 1)
         assert other.payload == b"other"
         await _until(
             lambda: scanner.stats().open_txns == 1 and scanner.stats().txn_bytes >= 100,
@@ -206,7 +197,7 @@ async def test_an_open_transaction_shows_while_the_node_holds_it(node: str) -> N
             f"one open transaction of 300 bytes, got {scanner.stats()}",
         )
         await txn.commit()
-        (committed,) = await _take(scanner, 1)
+        (committed,) = await take(scanner, 1)
         assert committed.type is walsvc.MessageType.TXN
         await _until(
             lambda: scanner.stats().open_txns == 0 and scanner.stats().txn_bytes == 0,
@@ -226,13 +217,13 @@ async def test_counters_add_up_across_a_reconnect(node: str, proxy: tuple[TcpPro
         async with await walsvc.open_wal(url, pchannel, read_only=True) as reader:
             assert isinstance(reader, RemoteWAL)
             scanner = reader.read(DeliverPolicy.all())
-            await _take(scanner, 200)
+            await take(scanner, 200)
             await wal.append(Message(payload=b"cached", vchannel="v"))
-            await _take(scanner, 1)
+            await take(scanner, 1)
             assert (scanner.stats().source, scanner.stats().handoffs) == ("cache", 1)
             tcp.cut()  # the stream resumes on a new socket, with a new node scanner
             await wal.append(Message(payload=b"after", vchannel="v"))
-            (after,) = await _take(scanner, 1)
+            (after,) = await take(scanner, 1)
             assert after.payload == b"after"
             assert reader.connection.reconnects == 1
             await _until(lambda: scanner.stats().source == "cache", "the resumed stream's stats")
@@ -251,7 +242,7 @@ async def test_a_client_that_speaks_version_1_reads_as_before(node: str) -> None
         assert wal.connection.version == 1
         scanner = wal.read(DeliverPolicy.all(), [Filter(vchannels=["v"])])
         results = await wal.append_many(_messages(30))
-        got = await _take(scanner, 30)
+        got = await take(scanner, 30)
         assert [m.message_id for m in got] == [r.message_id for r in results]
         await asyncio.sleep(0.3)  # a node that sent StreamStats would have by now
         stats = scanner.stats()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _chain_support import take
 from _node_process import ROOT, node_process
 
 import walsvc
@@ -35,14 +36,6 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 def _pchannel() -> str:
     return f"s-{uuid.uuid4().hex[:10]}"
-
-
-async def _take(scanner: walsvc.Scanner, count: int) -> list[walsvc.ImmutableMessage]:
-    taken: list[walsvc.ImmutableMessage] = []
-    async with asyncio.timeout(30):
-        while len(taken) < count:
-            taken.append(await anext(scanner))
-    return taken
 
 
 async def _append(wal: walsvc.WAL, count: int, vchannel: str = "v") -> list[walsvc.AppendResult]:
@@ -76,13 +69,13 @@ async def test_a_subscription_resumes_after_its_acks_when_its_client_comes_back(
     async with await walsvc.open_wal(node, pchannel) as wal:
         sent = await _append(wal, 10)
         async with wal.read(subscription="s") as scanner:
-            first = await _take(scanner, 4)
+            first = await take(scanner, 4)
             for message in first[:3]:
                 await scanner.ack(message)
         # A clean close wrote the checkpoint: the next reader starts at the 4th message.
     async with await walsvc.open_wal(node, pchannel) as wal:
         async with wal.read(subscription="s") as scanner:
-            assert [m.message_id for m in await _take(scanner, 2)] == [
+            assert [m.message_id for m in await take(scanner, 2)] == [
                 r.message_id for r in sent[3:5]
             ]
             # Not acknowledged: the checkpoint stays where it was.
@@ -133,7 +126,7 @@ async def test_flush_makes_the_checkpoint_durable_before_the_node_dies(tmp_path:
             flushed = wal.read(subscription="flushed", checkpoint_interval=3600)
             unflushed = wal.read(subscription="unflushed", checkpoint_interval=3600)
             for scanner in (flushed, unflushed):
-                got = await _take(scanner, 3)
+                got = await take(scanner, 3)
                 for message in got:  # the first is written at once, the next two wait 3600 s
                     await scanner.ack(message)
             await flushed.flush()
@@ -173,13 +166,13 @@ async def _error_script(wal: walsvc.WAL, reader: walsvc.WAL) -> list[str]:
 
     sent = await _append(wal, 5)
     plain = wal.read()
-    first = (await _take(plain, 1))[0]
+    first = (await take(plain, 1))[0]
     await expect(plain.ack(first))  # InvalidArgument: no subscription
     await plain.aclose()
     scanner = wal.read(DeliverPolicy.all(), [Filter(vchannels=["v"])], subscription="a")
     await expect(scanner.ack(first))  # InvalidArgument: nothing delivered yet
     await expect(scanner.ack("not a message"))  # type: ignore[arg-type]  # TypeError
-    mine = (await _take(scanner, 1))[0]
+    mine = (await take(scanner, 1))[0]
     await expect(scanner.ack(mine))  # no error
     await expect(lambda: wal.read(subscription="a"))  # SubscriptionBusy, at once here
     await expect(wal.delete_subscription("a"))  # SubscriptionBusy

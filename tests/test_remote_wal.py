@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _chain_support import take
 from _node_process import ROOT, node_process
 
 import walsvc
@@ -38,16 +39,6 @@ def _pchannel() -> str:
     return f"p-{uuid.uuid4().hex[:10]}"
 
 
-async def _take(scanner: walsvc.Scanner, count: int) -> list[walsvc.ImmutableMessage]:
-    taken = []
-    async with asyncio.timeout(30):
-        async for message in scanner:
-            taken.append(message)
-            if len(taken) == count:
-                break
-    return taken
-
-
 async def test_appends_and_reads_round_trip(node: str) -> None:
     async with await walsvc.open_wal(node, _pchannel()) as wal:
         assert isinstance(wal, walsvc.WAL)
@@ -64,29 +55,29 @@ async def test_appends_and_reads_round_trip(node: str) -> None:
         keyed = Message(payload=b"k", vchannel="v1", idempotency_key="key-1")
         first, again = await wal.append(keyed), await wal.append(keyed)
         assert first == again
-        everything = await _take(wal.read(), 12)
+        everything = await take(wal.read(), 12)
         assert [m.message_id for m in everything] == [r.message_id for r in [one, *many, first]]
         assert everything[0].properties == {"k": "v"}
         assert everything[0].payload == b"a"
-        v1 = await _take(wal.read(DeliverPolicy.all(), [Filter(vchannels=["v1"])]), 7)
+        v1 = await take(wal.read(DeliverPolicy.all(), [Filter(vchannels=["v1"])]), 7)
         assert {m.vchannel for m in v1} == {"v1"}
         start = many[4].message_id
-        assert (await _take(wal.read(DeliverPolicy.start_from(start)), 1))[0].message_id == start
-        after = await _take(wal.read(DeliverPolicy.start_after(start)), 1)
+        assert (await take(wal.read(DeliverPolicy.start_from(start)), 1))[0].message_id == start
+        after = await take(wal.read(DeliverPolicy.start_after(start)), 1)
         assert after[0].message_id == many[5].message_id
         checkpoint = everything[5].checkpoint
-        resumed = await _take(wal.read(DeliverPolicy.from_checkpoint(checkpoint)), 1)
+        resumed = await take(wal.read(DeliverPolicy.from_checkpoint(checkpoint)), 1)
         assert resumed[0].message_id == everything[6].message_id
-        floor = await _take(
+        floor = await take(
             wal.read(DeliverPolicy.all(), [Filter(min_timetick=many[8].timetick)]), 1
         )
         assert floor[0].message_id == many[8].message_id
         latest = wal.read(DeliverPolicy.latest())
         ticks = wal.read(DeliverPolicy.all(), [Filter(types=[MessageType.DELETE])], timeticks=True)
-        assert (await _take(ticks, 1))[0].type is MessageType.TIME_TICK
+        assert (await take(ticks, 1))[0].type is MessageType.TIME_TICK
         await ticks.aclose()
         newest = await wal.append(Message(payload=b"new", vchannel="v9"))
-        assert (await _take(latest, 1))[0].message_id == newest.message_id
+        assert (await take(latest, 1))[0].message_id == newest.message_id
         assert latest.stats().delivered == 1
 
 
@@ -136,7 +127,7 @@ async def test_one_of_sixteen_vchannels_receives_only_its_share(node: str) -> No
             )
         reader = await walsvc.open_wal(node, wal.pchannel, read_only=True)
         assert isinstance(reader, RemoteWAL)
-        got = await _take(reader.read(DeliverPolicy.all(), [Filter(vchannels=["v3"])]), 50)
+        got = await take(reader.read(DeliverPolicy.all(), [Filter(vchannels=["v3"])]), 50)
         assert {m.vchannel for m in got} == {"v3"}
         total = 800 * len(payload)
         received = reader.connection.received_bytes
@@ -152,12 +143,12 @@ async def test_a_stalled_reader_holds_only_its_credit(node: str) -> None:
         stalled = stalled_wal.read()
         for _ in range(10):
             await wal.append_many([Message(payload=b"m", vchannel="v") for _ in range(100)])
-        other = await _take(wal.read(), 1000)  # another reader is not slowed by it
+        other = await take(wal.read(), 1000)  # another reader is not slowed by it
         assert len(other) == 1000
         await asyncio.sleep(0.2)
         held = sum(len(b) for b in stalled._buffer)  # type: ignore[attr-defined]
         assert held <= 20
-        rest = await _take(stalled, 1000)  # and it resumes, missing nothing
+        rest = await take(stalled, 1000)  # and it resumes, missing nothing
         assert [m.message_id for m in rest] == [m.message_id for m in other]
         await stalled_wal.aclose()
 
@@ -197,7 +188,7 @@ async def test_two_producer_processes_append_to_one_pchannel(node: str) -> None:
     acked = {tuple(r) for out, _ in outputs for r in json.loads(out)}
     assert len(acked) == 2 * count
     async with await walsvc.open_wal(node, pchannel, read_only=True) as reader:
-        log = await _take(reader.read(), 2 * count)
+        log = await take(reader.read(), 2 * count)
     ticks = [m.timetick for m in log]
     assert ticks == sorted(ticks)
     assert len(set(ticks)) == len(ticks)
