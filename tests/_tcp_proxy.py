@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Literal
 
 Direction = Literal["up", "down"]  # up: client -> node; down: node -> client
@@ -121,3 +122,15 @@ class TcpProxy:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def proxied(node_url: str) -> AsyncIterator[tuple[TcpProxy, str]]:
+    """A started proxy in front of the node at ``node_url`` and the URL clients open
+    through it; closed on exit."""
+    proxy = TcpProxy.for_url(node_url)
+    url = await proxy.start()
+    try:
+        yield proxy, url
+    finally:
+        await proxy.aclose()

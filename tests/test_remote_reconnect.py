@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _chain_support import whole_log
 from _node_process import node_process
-from _tcp_proxy import TcpProxy
+from _tcp_proxy import TcpProxy, proxied
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
@@ -33,12 +33,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 async def proxy(node: str) -> AsyncIterator[tuple[TcpProxy, str]]:
-    proxy = TcpProxy.for_url(node)
-    url = await proxy.start()
-    try:
-        yield proxy, url
-    finally:
-        await proxy.aclose()
+    async with proxied(node) as pair:
+        yield pair
 
 
 def _pchannel() -> str:

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from _chain_support import take
 from _node_process import node_process
-from _tcp_proxy import TcpProxy
+from _tcp_proxy import TcpProxy, proxied
 
 import walsvc
 from walsvc import DeliverPolicy, Filter, Message
@@ -39,12 +39,8 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture
 async def proxy(node: str) -> AsyncIterator[tuple[TcpProxy, str]]:
-    proxy = TcpProxy.for_url(node)
-    url = await proxy.start()
-    try:
-        yield proxy, url
-    finally:
-        await proxy.aclose()
+    async with proxied(node) as pair:
+        yield pair
 
 
 def _pchannel() -> str:
