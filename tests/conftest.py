@@ -6,6 +6,8 @@
 - Randomness comes from the ``seed`` fixture, which prints how to reproduce a failure.
 - ``clock`` (an injected wall clock) and ``url`` (memory and file) serve the interceptor
   tests.
+- ``node`` is a node process serving memory:// or file://, one per test module; a module
+  that needs another kind of node (other options, a fresh one per test) defines its own.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import os
 import random
 import uuid
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,3 +153,17 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return f"memory://{uuid.uuid4().hex}"
     return f"file://{tmp_path / 'log'}"
+
+
+@pytest.fixture(scope="module", params=["memory", "file"])
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A node process serving a memory:// or a file:// log, shared by the tests of one
+    module; yields its walsvc:// URL."""
+    from _node_process import node_process  # here: the harness tests copy this file alone
+
+    if request.param == "memory":
+        url = f"memory://node-{uuid.uuid4().hex[:8]}"
+    else:
+        url = f"file://{tmp_path_factory.mktemp('node')}"
+    with node_process(url) as (node_url, _):
+        yield node_url

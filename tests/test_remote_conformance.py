@@ -18,26 +18,12 @@ sent by a node over protocol version 2 as ``StreamStats``). What does not, and w
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
-from _node_process import node_process
 
 import walsvc
 from walsvc.testing._conformance import _PChannelCheck
 from walsvc.testing._exactly_once import ExactlyOnceCheck
 from walsvc.testing._scanner_conformance import ScannerCheck
-
-
-@pytest.fixture(scope="module", params=["memory", "file"])
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if request.param == "memory":
-        url = f"memory://conformance-{uuid.uuid4().hex[:8]}"
-    else:
-        url = f"file://{tmp_path_factory.mktemp('node')}"
-    with node_process(url) as (node_url, _):
-        yield node_url
 
 
 def _opener(node: str) -> Any:

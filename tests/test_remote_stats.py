@@ -12,29 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import pytest
 from _chain_support import take
-from _node_process import node_process
 from _tcp_proxy import TcpProxy, proxied
 
 import walsvc
 from walsvc import DeliverPolicy, Filter, Message
 from walsvc.remote import _protocol as p
 from walsvc.remote._client import RemoteWAL
-
-
-@pytest.fixture(scope="module", params=["memory", "file"])
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A node serving a memory:// or file:// log; yields its walsvc:// URL."""
-    if request.param == "memory":
-        url = f"memory://remote-stats-{uuid.uuid4().hex[:8]}"
-    else:
-        url = f"file://{tmp_path_factory.mktemp('node')}"
-    with node_process(url) as (node_url, _):
-        yield node_url
 
 
 @pytest.fixture

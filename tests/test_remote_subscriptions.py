@@ -12,7 +12,6 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,17 +20,6 @@ from _node_process import ROOT, node_process
 
 import walsvc
 from walsvc import DeliverPolicy, Filter, Message
-
-
-@pytest.fixture(scope="module", params=["memory", "file"])
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A node serving a memory:// or file:// log; yields its walsvc:// URL."""
-    if request.param == "memory":
-        url = f"memory://remote-subs-{uuid.uuid4().hex[:8]}"
-    else:
-        url = f"file://{tmp_path_factory.mktemp('node')}"
-    with node_process(url) as (node_url, _):
-        yield node_url
 
 
 def _pchannel() -> str:

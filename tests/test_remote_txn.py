@@ -10,25 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from _node_process import node_process
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.remote._client import RemoteWAL
-
-
-@pytest.fixture(scope="module", params=["memory", "file"])
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A node serving a memory:// or file:// log; yields its walsvc:// URL."""
-    if request.param == "memory":
-        url = f"memory://remote-txn-{uuid.uuid4().hex[:8]}"
-    else:
-        url = f"file://{tmp_path_factory.mktemp('node')}"
-    with node_process(url) as (node_url, _):
-        yield node_url
 
 
 def _pchannel() -> str:
