@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _chain_support import whole_log
+from _chain_support import take, whole_log
 from _node_process import node_process
 from _tcp_proxy import TcpProxy, proxied
 
@@ -400,6 +400,40 @@ async def test_a_subscription_reader_resumes_without_gap_or_duplicate(
             await scanner.aclose()
         assert got == expected
         assert reader.connection.reconnects >= 4
+
+
+async def test_an_ack_lost_with_its_connection_is_sent_again_on_resume(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    """An ack that never reached the node (held in the proxy, then the connection cut)
+    is sent again behind the resumed stream's ``Read``: the subscription's checkpoint
+    moves past the acknowledged message, so its next reader starts after it."""
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(node, pchannel) as writer:
+        first = [Message(payload=b"a%d" % i, vchannel="v") for i in range(5)]
+        await writer.append_many(first)
+        async with (
+            asyncio.timeout(30),
+            await walsvc.open_wal(url, pchannel, read_only=True) as reader,
+        ):
+            scanner = reader.read(DeliverPolicy.all(), subscription="lost-ack")
+            got = await take(scanner, 5)
+            tcp.hold("up")
+            await scanner.ack(got[-1])
+            for _ in range(3):  # the frame with the ack leaves the client
+                await asyncio.sleep(0)
+            assert tcp.cut() == 1  # the ack is lost in the proxy
+            await writer.append_many([Message(payload=b"b%d" % i, vchannel="v") for i in range(3)])
+            more = await take(scanner, 3)  # delivered over the resumed stream
+            assert [m.payload for m in more] == [b"b0", b"b1", b"b2"]
+            assert reader.connection.reconnects >= 1
+            await scanner.aclose()  # the node writes the checkpoint it knows
+        async with asyncio.timeout(30):
+            again = writer.read(DeliverPolicy.all(), subscription="lost-ack")
+            (next_one,) = await take(again, 1)
+            await again.aclose()
+        assert next_one.payload == b"b0"
 
 
 async def _stored(node: str, pchannel: str) -> list[walsvc.ImmutableMessage]:

@@ -5,7 +5,9 @@ A scanner of a durable subscription sends each ``ack`` to the node's scanner of 
 stream (``Ack``, no round trip: the node applies it in order with what follows, and a
 failure comes back as ``AckFailed``, raised by the next ``ack``, ``flush`` or
 ``aclose``, as a local scanner raises a failed background checkpoint write);
-``flush`` and ``aclose`` wait for the node's checkpoint write (``Flush``). One reader
+``flush`` and ``aclose`` wait for the node's checkpoint write (``Flush``). A stream
+resumed on a new socket sends the latest ack again with its first batch: an ack lost
+with its connection is not lost for the subscription. One reader
 per name: the node refuses a second one from any client (``SubscriptionBusy`` at the
 first read); a second one in this process is refused at ``read``, as locally.
 
@@ -94,12 +96,14 @@ class RemoteScanner(Scanner):
 
     __slots__ = (
         "_ack_error",
+        "_ack_owed",
         "_buffer",
         "_busy_since",
         "_busy_tries",
         "_claim",
         "_delivered",
         "_end",
+        "_last_ack",
         "_node_stats",
         "_owed_bytes",
         "_owed_messages",
@@ -132,6 +136,13 @@ class RemoteScanner(Scanner):
         self._started = False
         #: A failed ``Ack`` the node reported, raised by the next ack, flush or aclose.
         self._ack_error: WALError | None = None
+        #: The latest ``Ack`` sent, and whether to send it again: it may have been lost
+        #: with its connection, so a resumed stream sends it once its first batch came
+        #: (then the node's scanner has started and takes acks; it applies them forward
+        #: only). A lost ack is for a message after the node's checkpoint, which the
+        #: resumed stream delivers again: a batch always comes.
+        self._last_ack: Ack | None = None
+        self._ack_owed = False
         self._stream = read.stream
         self._window_messages = read.credit_messages
         self._window_bytes = read.credit_bytes
@@ -168,6 +179,10 @@ class RemoteScanner(Scanner):
             waiter.set_result(None)
 
     def _deliver(self, messages: list[WireDelivered]) -> None:
+        if self._ack_owed:  # the node's scanner of the resumed stream started: it takes acks
+            self._ack_owed = False
+            assert self._last_ack is not None
+            self._wal._conn.send(self._last_ack)
         if self._skip_through is not None:
             messages = self._unseen(messages)
         if messages and self._end is None and not self._user_closed:
@@ -196,7 +211,7 @@ class RemoteScanner(Scanner):
         ``handle``: right after the last message received (a ``latest`` stream that
         received none: after its starting timetick; a subscription: from its checkpoint
         on the node, dropping what was received before), with the credit the buffer
-        leaves."""
+        leaves. The latest ack is owed again from then on (see ``_deliver``)."""
         read = self._read
         self._resumed = True
         last = self._node_stats
@@ -225,6 +240,7 @@ class RemoteScanner(Scanner):
         buffered = sum(map(len, self._buffer))
         buffered_bytes = sum(_cost(m) for batch in self._buffer for m in batch)
         self._owed_messages = self._owed_bytes = 0
+        self._ack_owed = self._last_ack is not None
         return msgspec.structs.replace(
             read,
             wal=handle,
@@ -319,14 +335,13 @@ class RemoteScanner(Scanner):
             raise WALClosed(f"the checkpoint writer of subscription {name!r} is closed")
         checkpoint = message.checkpoint
         lc = checkpoint.last_confirmed_id
-        self._wal._conn.send(
-            Ack(
-                self._stream,
-                message.timetick,
-                None if lc is None else lc.marshal(),
-                checkpoint.timetick,
-            )
+        ack = self._last_ack = Ack(
+            self._stream,
+            message.timetick,
+            None if lc is None else lc.marshal(),
+            checkpoint.timetick,
         )
+        self._wal._conn.send(ack)
         self._raise_ack_error()
 
     async def flush(self) -> None:
