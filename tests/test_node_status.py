@@ -20,9 +20,10 @@ from _node_process import node_process
 import walsvc
 from walsvc import DeliverPolicy, Filter, Message
 from walsvc.apps._cli import main
+from walsvc.apps._status_command import format_status
 from walsvc.remote._node_status import ConnectionStatus, NodeStatus, StreamStatus
 from walsvc.remote._status import fetch_status
-from walsvc.service._status import masked_url
+from walsvc.service._status import fit_in_frame, masked_url
 
 TOKEN = "s3cret-token"
 
@@ -186,6 +187,35 @@ async def test_the_status_names_the_version_each_connection_speaks(node: str) ->
         status = await _status(node)
         named = [c for c in status.connections if any(h.pchannel == pchannel for h in c.handles)]
         assert sorted(c.version for c in named) == [1, 2]
+
+
+async def test_a_status_too_big_for_a_frame_keeps_the_connections_that_fit(node: str) -> None:
+    """A status answer never exceeds a frame (one that did would never arrive): the node
+    keeps its first connections, each whole, and counts the others."""
+    pchannel = _pchannel()
+    async with (
+        await walsvc.open_wal(node, pchannel, token=TOKEN) as one,
+        await walsvc.open_wal(node, pchannel, token=TOKEN) as two,
+    ):
+        async with one.read(DeliverPolicy.all()), two.read(DeliverPolicy.all()):
+            status = await _status(node)
+    encode = msgspec.msgpack.encode
+    assert len(status.connections) >= 3  # the two WALs and the status's own
+    assert fit_in_frame(status, len(encode(status))) is status
+    fitted = fit_in_frame(status, len(encode(status)) - 1)
+    kept = len(fitted.connections)
+    assert len(encode(fitted)) < len(encode(status))
+    assert fitted.connections == status.connections[:kept]
+    assert fitted.omitted_connections == len(status.connections) - kept >= 1
+    assert (
+        msgspec.structs.replace(fitted, connections=status.connections, omitted_connections=0)
+        == status
+    )
+    bare = fit_in_frame(status, 1)  # what is not a connection always stays
+    assert (bare.connections, bare.omitted_connections) == ([], len(status.connections))
+    assert bare.pchannels == status.pchannels
+    assert f"... and {fitted.omitted_connections} more connections" in format_status(fitted)
+    assert "more connections" not in format_status(status)
 
 
 def test_walsvc_status_prints_tables_or_json(

@@ -185,6 +185,11 @@ def format_status(status: NodeStatus) -> str:
             for c in status.connections
         ],
     )
+    if status.omitted_connections:
+        lines.append(
+            f"... and {status.omitted_connections} more connections, not shown:"
+            " a status answer holds what fits in one frame"
+        )
     lines += ["", "streams"]
     lines += _table(
         ("CONN", "STREAM", "PCHANNEL", "DELIVER", "FILTER", "DELIVERED", "CREDIT", "WAITING"),

@@ -121,7 +121,9 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     ``max_version`` the protocol versions it speaks, ``url`` the log it serves (a
     password in it masked), ``listen`` its address, ``draining`` whether it is shutting
     down (``GoingAway`` sent), ``refused_peers`` how many peers it cut off for breaking
-    the protocol or its limits."""
+    the protocol or its limits. ``omitted_connections``: how many connections (the
+    last ones, with their streams) were left out of ``connections`` so that the answer
+    fits in a frame."""
 
     version: str
     min_version: int
@@ -135,3 +137,4 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     limits: NodeLimits
     pchannels: list[PchannelStatus]
     connections: list[ConnectionStatus]
+    omitted_connections: int = 0

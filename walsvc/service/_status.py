@@ -17,6 +17,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
+
 from walsvc.remote._node_status import (
     ConnectionStatus,
     HandleStatus,
@@ -24,19 +26,32 @@ from walsvc.remote._node_status import (
     PchannelStatus,
     StreamStatus,
 )
-from walsvc.remote._protocol import NODE_VERSIONS, Read, Status, StatusIs
+from walsvc.remote._protocol import MAX_FRAME_BYTES, NODE_VERSIONS, Read, Status, StatusIs
 from walsvc.wal._wal import LocalWAL
 
 if TYPE_CHECKING:
     from ._server import NodeServer, _Session
 
-__all__ = ("answer_status", "filter_summary", "host_port", "masked_url", "node_status")
+__all__ = (
+    "answer_status",
+    "filter_summary",
+    "fit_in_frame",
+    "host_port",
+    "masked_url",
+    "node_status",
+)
 
 #: How long a status waits for a backend's latest message id.
 _LATEST_ID_TIMEOUT: Final = 2.0
 #: How many vchannels or types a stream's filter summary names before it counts the rest.
 _SHOWN: Final = 4
 _PASSWORD: Final = re.compile(r"(?<=://)([^/@:]*):[^/@]*@")
+#: The most a status may take encoded: a frame, less the room for its frame's array
+#: header and ``StatusIs``'s own fields.
+_STATUS_BYTES: Final = MAX_FRAME_BYTES - 64
+#: The msgpack headers of the connections array can grow from 1 byte to 5 as it fills.
+_ARRAY_HEADER_GROWTH: Final = 4
+_encode: Final = msgspec.msgpack.Encoder().encode
 
 
 @functools.cache
@@ -156,10 +171,32 @@ async def node_status(node: NodeServer) -> NodeStatus:
     )
 
 
+def fit_in_frame(status: NodeStatus, limit: int = _STATUS_BYTES) -> NodeStatus:
+    """``status`` if it takes at most ``limit`` bytes encoded; else a copy with only the
+    first of its connections that fit (each whole, with its streams) and the others
+    counted in ``omitted_connections``. What is not a connection always fits: a status
+    answer never exceeds a frame (one that did would never reach its asker)."""
+    if len(_encode(status)) <= limit:
+        return status
+    connections = status.connections
+    bare = msgspec.structs.replace(status, connections=[], omitted_connections=len(connections))
+    room = limit - len(_encode(bare)) - _ARRAY_HEADER_GROWTH
+    kept = 0
+    for connection in connections:
+        room -= len(_encode(connection))
+        if room < 0:
+            break
+        kept += 1
+    return msgspec.structs.replace(
+        status, connections=connections[:kept], omitted_connections=len(connections) - kept
+    )
+
+
 async def answer_status(session: _Session, request: Status) -> None:
-    """Answer ``request``, a ``Status`` of ``session``'s client."""
+    """Answer ``request``, a ``Status`` of ``session``'s client (within a frame: see
+    ``fit_in_frame``)."""
     try:
-        status = await node_status(session._node)
+        status = fit_in_frame(await node_status(session._node))
     except Exception as exc:
         session._fail(request.request, exc)
         return
