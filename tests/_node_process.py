@@ -6,11 +6,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def node_serving(kind: str, scratch: Path) -> Iterator[str]:
+    """Start a node serving a fresh ``memory://`` log (``kind`` "memory") or a
+    ``file://`` log in the empty directory ``scratch`` ("file"); yield its walsvc://
+    URL."""
+    url = f"memory://node-{uuid.uuid4().hex[:8]}" if kind == "memory" else f"file://{scratch}"
+    with node_process(url) as (node_url, _):
+        yield node_url
 
 
 @contextmanager

@@ -159,11 +159,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A node process serving a memory:// or a file:// log, shared by the tests of one
     module; yields its walsvc:// URL."""
-    from _node_process import node_process  # here: the harness tests copy this file alone
+    from _node_process import node_serving  # here: the harness tests copy this file alone
 
-    if request.param == "memory":
-        url = f"memory://node-{uuid.uuid4().hex[:8]}"
-    else:
-        url = f"file://{tmp_path_factory.mktemp('node')}"
-    with node_process(url) as (node_url, _):
-        yield node_url
+    with node_serving(request.param, tmp_path_factory.mktemp("node")) as url:
+        yield url

@@ -5,11 +5,10 @@ its pchannels, and what only the log's own process can do (migrate) is refused."
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from _node_process import node_process
+from _node_process import node_serving
 
 import walsvc
 from walsvc import InvalidArgument, Message, Node, Routing, RoutingMismatch, open_node
@@ -20,12 +19,8 @@ P3 = ("p0", "p1", "p2")
 @pytest.fixture(params=["memory", "file"])
 def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh node per test (the routing is per log)."""
-    if request.param == "memory":
-        url = f"memory://remote-node-{uuid.uuid4().hex[:8]}"
-    else:
-        url = f"file://{tmp_path_factory.mktemp('node')}"
-    with node_process(url) as (node_url, _):
-        yield node_url
+    with node_serving(request.param, tmp_path_factory.mktemp("node")) as url:
+        yield url
 
 
 async def _replay(node: Node, vchannel: str, count: int) -> list[bytes]:
