@@ -1,5 +1,6 @@
 """Layer 4.5, the client of a walsvc node: the wire protocol (``_protocol``, specified in
-docs/protocol.md), frames over asyncio streams (``_frames``), one connection to a node
+docs/protocol.md: its messages by direction in ``_client_messages`` and
+``_node_messages``), frames over asyncio streams (``_frames``), one connection to a node
 (``_connection``), the WAL and scanners of a node (``_client``, ``_scanner``), its
 transactions (``_txn``), the ``open_wal`` users call, which sends ``walsvc://`` URLs to
 a node and every other scheme to ``walsvc.wal`` (``_open``), and a node's status
