@@ -21,7 +21,7 @@ from _tcp_proxy import TcpProxy, proxied
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
-from walsvc.remote import _connection
+from walsvc.remote import _connection, _pending
 from walsvc.remote._client import RemoteWAL
 
 
@@ -355,7 +355,7 @@ async def test_producers_and_a_reader_ride_through_a_drained_and_replaced_node(
 async def test_a_caller_firing_appends_without_awaiting_waits_for_room(
     node: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_connection, "MAX_PENDING", 8)
+    monkeypatch.setattr(_pending, "MAX_PENDING", 8)
     waiting: list[int] = []
     request = _connection.Connection.request
 
