@@ -1,4 +1,4 @@
-"""Layer 4.5, the client of a walsvc node: the wire protocol (``_protocol``, specified in
+"""Layer 4b, the client of a walsvc node: the wire protocol (``_protocol``, specified in
 docs/protocol.md: its messages by direction in ``_client_messages`` and
 ``_node_messages``), frames over asyncio streams (``_frames``), one connection to a node
 (``_connection``, which dials with ``_dial``, keeps its requests in the book of

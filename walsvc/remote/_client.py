@@ -37,6 +37,7 @@ from walsvc.wal._api import DEFAULT_TXN_BUFFER_BYTES, WAL
 from walsvc.write._txn import Txn
 
 from ._connection import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT_TIMEOUT, Connection
+from ._dial import node_address
 from ._protocol import (
     MAX_CREDIT,
     NODE_VERSIONS,
@@ -462,10 +463,7 @@ async def open_remote_wal(
 ) -> RemoteWAL:
     """Open ``pchannel`` on the node at ``url`` (``walsvc://host:port``) over a new
     connection (see ``walsvc.open_wal``)."""
-    location = url.removeprefix("walsvc://").rstrip("/")
-    host, sep, port_text = location.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise InvalidArgument(f"{url!r} is not a node URL (expected walsvc://host:port)")
+    host, port = node_address(url)
     for name, value in (("window_messages", window_messages), ("window_bytes", window_bytes)):
         if type(value) is not int or not 1 <= value <= MAX_CREDIT:
             raise InvalidArgument(f"{name} must be an int in 1..{MAX_CREDIT}, not {value!r}")
@@ -473,8 +471,8 @@ async def open_remote_wal(
         if not isinstance(number, int | float) or not number >= 0:
             raise InvalidArgument(f"{name} must be a number of seconds >= 0, not {number!r}")
     conn = await Connection.connect(
-        host.strip("[]"),
-        int(port_text),
+        host,
+        port,
         token=token,
         versions=versions,
         connect_timeout=connect_timeout,

@@ -36,11 +36,10 @@ from walsvc.core._errors import (
 )
 
 from ._dial import NodeAddress, NodeSocket, dial
-from ._frames import read_frame
+from ._frames import MAX_ITEM_BYTES, read_frame
 from ._pending import Pending, PendingRequests
 from ._protocol import (
     FRAME_HEADER,
-    MAX_FRAME_BYTES,
     NODE_VERSIONS,
     AckFailed,
     Appended,
@@ -68,8 +67,6 @@ __all__ = ("DEFAULT_HEARTBEAT", "DEFAULT_RECONNECT_TIMEOUT", "Connection")
 
 _encode: Final = msgspec.msgpack.Encoder().encode
 _decode: Final = msgspec.msgpack.Decoder(list[NodeMessage]).decode
-#: Largest encoded request: it must fit in one frame with the frame's array header.
-_MAX_ITEM: Final = MAX_FRAME_BYTES - 5
 #: Seconds a lost connection is redialled before what is pending fails.
 DEFAULT_RECONNECT_TIMEOUT: Final = 30.0
 #: Seconds of silence after which the client pings; as long again without any frame
@@ -191,9 +188,9 @@ class Connection(PendingRequests):
         version ``resend_from`` or later (a resend needs what that version added)."""
         self.check()
         data = _encode(item)
-        if len(data) > _MAX_ITEM:
+        if len(data) > MAX_ITEM_BYTES:
             raise MessageTooLarge(
-                f"the request is {len(data)} bytes encoded; a frame holds {_MAX_ITEM}"
+                f"the request is {len(data)} bytes encoded; a frame holds {MAX_ITEM_BYTES}"
             )
         pending = Pending(self._loop.create_future(), item, append, resend, len(data), resend_from)
         # PendingRequests._add, inline: this runs per append

@@ -1,4 +1,5 @@
-"""Reaching a node: where it is and how to greet it (``NodeAddress``), and one dial:
+"""Reaching a node: where it is (``node_address`` reads its URL) and how to greet it
+(``NodeAddress``), and one dial:
 the TCP (or TLS) connection and the handshake that agrees on a protocol version
 (``dial``, which returns a ``NodeSocket``). A ``Connection`` dials once to start and
 again for each socket it loses.
@@ -12,7 +13,13 @@ from typing import Final, final
 
 import msgspec
 
-from walsvc.core._errors import BackendUnavailable, CorruptRecord, UnsupportedVersion, WALError
+from walsvc.core._errors import (
+    BackendUnavailable,
+    CorruptRecord,
+    InvalidArgument,
+    UnsupportedVersion,
+    WALError,
+)
 
 from ._frames import FrameWriter, read_frame
 from ._protocol import (
@@ -27,10 +34,20 @@ from ._protocol import (
     error_from,
 )
 
-__all__ = ("NodeAddress", "NodeSocket", "dial")
+__all__ = ("NodeAddress", "NodeSocket", "dial", "node_address")
 
 _encode: Final = msgspec.msgpack.Encoder().encode
 _decode: Final = msgspec.msgpack.Decoder(list[NodeMessage]).decode
+
+
+def node_address(url: str) -> tuple[str, int]:
+    """The host and port of a node URL ``walsvc://host:port`` (``InvalidArgument`` for
+    anything else)."""
+    location = url.removeprefix("walsvc://").rstrip("/") if url.startswith("walsvc://") else ""
+    host, sep, port = location.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"{url!r} is not a node URL (expected walsvc://host:port)")
+    return host.strip("[]"), int(port)
 
 
 @final

@@ -25,11 +25,14 @@ from walsvc.core._errors import CorruptRecord
 
 from ._protocol import FRAME_HEADER, MAX_FRAME_BYTES, array_header
 
-__all__ = ("FRAME_ITEMS", "FrameTooLarge", "FrameWriter", "read_frame")
+__all__ = ("FRAME_ITEMS", "MAX_ITEM_BYTES", "FrameTooLarge", "FrameWriter", "read_frame")
 
 _HEADER_SIZE: Final = FRAME_HEADER.size
 #: Room for the frame's array header within ``MAX_FRAME_BYTES``.
 _ARRAY_HEADER_ROOM: Final = 5
+#: The most one encoded message may take: a frame less its array header (``send``
+#: takes nothing larger).
+MAX_ITEM_BYTES: Final = MAX_FRAME_BYTES - _ARRAY_HEADER_ROOM
 #: Messages queued that make a frame leave at once, without waiting for the loop turn
 #: (measured with 8 to 256 producers appending through a node: 16 gains little, 64 gains
 #: only from 128 producers up, 32 gains from 64 up).
@@ -143,7 +146,7 @@ class FrameWriter:
         items: list[bytes] = []
         callbacks: list[Sent] = []
         size = 0
-        limit = MAX_FRAME_BYTES - _ARRAY_HEADER_ROOM
+        limit = MAX_ITEM_BYTES
         while queue and size + len(queue[0][0]) <= limit:
             item, on_sent = queue.popleft()
             items.append(item)

@@ -106,6 +106,8 @@ async def reconnect(conn: Connection, reason: str) -> None:
             break
         await asyncio.sleep(min(delay, remaining))
         delay = min(delay * 2, _MAX_BACKOFF)
+    if conn._closing:
+        return  # aclose fails what is pending, with WALClosed
     conn._fail_all(
         BackendUnavailable(
             f"{reason}, and it could not be reconnected within"

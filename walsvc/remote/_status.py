@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import ssl
 
-from walsvc.core._errors import InvalidArgument
-
 from ._connection import Connection
+from ._dial import node_address
 from ._node_status import NodeStatus
 from ._protocol import Status, StatusIs
 
-__all__ = ("fetch_status", "node_address")
-
-
-def node_address(url: str) -> tuple[str, int]:
-    """The host and port of a node URL ``walsvc://host:port`` (``InvalidArgument`` for
-    anything else)."""
-    location = url.removeprefix("walsvc://").rstrip("/") if url.startswith("walsvc://") else ""
-    host, sep, port = location.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"{url!r} is not a node URL (expected walsvc://host:port)")
-    return host.strip("[]"), int(port)
+__all__ = ("fetch_status",)
 
 
 async def fetch_status(
