@@ -1,9 +1,9 @@
 """The node's status (``NodeServer.status``, the answer to ``Status``), read from its
 WALs, connections and streams at the moment it is asked.
 
-A friend of ``_server``: it reads the private state of the node, its sessions and
-streams, and changes none of it. Building it awaits only each pchannel's latest id
-(bounded by ``_LATEST_ID_TIMEOUT``), so a slow backend delays a status, never blocks
+A friend of ``_server``: it reads the private state of the node, and its sessions and
+their streams, and changes none of it. Building it awaits only each pchannel's latest
+id (bounded by ``_LATEST_ID_TIMEOUT``), so a slow backend delays a status, never blocks
 the node.
 """
 
@@ -28,7 +28,8 @@ from walsvc.remote._protocol import NODE_VERSIONS, Read, Status, StatusIs
 from walsvc.wal._wal import LocalWAL
 
 if TYPE_CHECKING:
-    from ._server import NodeServer, _Session
+    from ._server import NodeServer
+    from ._session import Session
 
 __all__ = ("answer_status", "filter_summary", "host_port", "masked_url", "node_status")
 
@@ -91,11 +92,11 @@ async def _latest(wal: LocalWAL) -> str | None:
     return None if latest is None else latest.marshal()
 
 
-def _connection(session: _Session) -> ConnectionStatus:
+def _connection(session: Session) -> ConnectionStatus:
     streams = []
-    for number, stream in list(session._streams.items()):
+    for number, stream in session.streams.items():
         read = stream.read
-        found = session._handles.get(read.wal)
+        found = session.handles.get(read.wal)
         streams.append(
             StreamStatus(
                 stream=number,
@@ -115,10 +116,10 @@ def _connection(session: _Session) -> ConnectionStatus:
         connected_at=session.connected_at,
         handles=[
             HandleStatus(handle=handle, pchannel=wal.pchannel, read_only=read_only)
-            for handle, (wal, read_only) in list(session._handles.items())
+            for handle, (wal, read_only) in list(session.handles.items())
         ],
-        in_flight=len(session._tasks),
-        queued_bytes=session._writer.queued_bytes,
+        in_flight=len(session.in_flight),
+        queued_bytes=session.writer.queued_bytes,
         reading_paused=session.watchdog is not None and not session.watchdog.reading,
         streams=streams,
         version=session.version,
@@ -130,7 +131,7 @@ async def node_status(node: NodeServer) -> NodeStatus:
     wals = sorted(node._wals.items())
     latest = await asyncio.gather(*(_latest(wal) for _, wal in wals))
     sessions = sorted(node._live, key=lambda s: s.number)
-    handles = Counter(wal.pchannel for s in sessions for wal, _ in s._handles.values())
+    handles = Counter(wal.pchannel for s in sessions for wal, _ in s.handles.values())
     return NodeStatus(
         version=_version(),
         min_version=NODE_VERSIONS[0],
@@ -156,11 +157,11 @@ async def node_status(node: NodeServer) -> NodeStatus:
     )
 
 
-async def answer_status(session: _Session, request: Status) -> None:
+async def answer_status(session: Session, request: Status) -> None:
     """Answer ``request``, a ``Status`` of ``session``'s client."""
     try:
-        status = await node_status(session._node)
+        status = await node_status(session.node)
     except Exception as exc:
-        session._fail(request.request, exc)
+        session.fail(request.request, exc)
         return
-    session._send(StatusIs(request.request, status))
+    session.send(StatusIs(request.request, status))
