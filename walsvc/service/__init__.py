@@ -3,8 +3,10 @@ protocol of ``walsvc.remote`` (``walsvc.serve``; ``walsvc serve`` on the command
 
 Beside ``walsvc.spark`` and ``walsvc.testing`` (independent of them); uses ``walsvc.wal``
 (one WAL per pchannel, the node its single writer) and ``walsvc.remote``'s protocol.
-``_server`` runs connections and streams; ``_txns`` holds the node's transactions (one
-table for the node, not per connection); ``_subscriptions`` applies clients' acks.
+``_server`` accepts connections and runs their handshake; ``_session`` serves a
+connection's requests, ``_appends`` its appends and ``_streams`` its streams, each fed
+by its pump (``_pump``); ``_txns`` holds the node's transactions (one table for the
+node, not per connection); ``_subscriptions`` applies clients' acks.
 The modules here are private; ``walsvc.serve`` is public.
 """
 

@@ -17,7 +17,7 @@ it stops without losing an answer it owes:
 
 All of it within the timeout: what is still running then (an append the backend holds,
 a client that does not read) is cut off, as ``NodeServer.aclose`` does at once.
-A friend of ``_server``.
+A friend of ``_server``: it reads the node's private state.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from walsvc.remote._protocol import (
 )
 
 if TYPE_CHECKING:
-    from ._server import NodeServer, _Session
+    from ._server import NodeServer
+    from ._session import Session
 
 __all__ = ("DRAINING", "drain_node", "draining_answer")
 
@@ -83,7 +84,7 @@ async def drain_node(node: NodeServer, seconds: float, reason: str) -> None:
     sessions = list(node._live)
     for session in sessions:  # from now on it refuses new requests (``draining_answer``)
         session.draining = True
-        session._send(GoingAway(reason, int(seconds * 1000)))
+        session.send(GoingAway(reason, int(seconds * 1000)))
     await asyncio.gather(*(_wind_down(session, reason, deadline) for session in sessions))
     connections = list(node._sessions)
     if connections:  # their read loops see the connections closed and end
@@ -91,14 +92,14 @@ async def drain_node(node: NodeServer, seconds: float, reason: str) -> None:
     await node.aclose()
 
 
-async def _wind_down(session: _Session, reason: str, deadline: float) -> None:
+async def _wind_down(session: Session, reason: str, deadline: float) -> None:
     """Answer what ``session``'s client asked, until it asks nothing more for ``_QUIET``
     seconds (what it sent before it heard ``GoingAway`` arrives meanwhile and is
     answered, refused), then end its streams and close the connection."""
     loop = asyncio.get_running_loop()
-    writer, watchdog = session._writer, session.watchdog
+    writer, watchdog = session.writer, session.watchdog
     while not writer.closed and (now := loop.time()) < deadline:
-        tasks = list(session._tasks)
+        tasks = list(session.in_flight)
         if tasks:
             await asyncio.wait(tasks, timeout=deadline - now)
             continue
@@ -107,9 +108,9 @@ async def _wind_down(session: _Session, reason: str, deadline: float) -> None:
             last = None if watchdog is None else watchdog.last_frame
             for _ in range(3):  # bytes that arrived with this wake-up are read first
                 await asyncio.sleep(0)
-            if watchdog is None or (watchdog.last_frame == last and not session._tasks):
+            if watchdog is None or (watchdog.last_frame == last and not session.in_flight):
                 break
             continue
         await asyncio.sleep(min(max(_QUIET - quiet, 0.01), deadline - now))
-    await session.end_streams(ErrorCode.BACKEND_UNAVAILABLE, reason)
+    await session.streams.end_all(ErrorCode.BACKEND_UNAVAILABLE, reason)
     await writer.aclose(flush_timeout=max(deadline - loop.time(), _LAST_CHANCE))

@@ -1,9 +1,9 @@
 """The node's status (``NodeServer.status``, the answer to ``Status``), read from its
 WALs, connections and streams at the moment it is asked.
 
-A friend of ``_server``: it reads the private state of the node, its sessions and
-streams, and changes none of it. Building it awaits only each pchannel's latest id
-(bounded by ``_LATEST_ID_TIMEOUT``), so a slow backend delays a status, never blocks
+A friend of ``_server``: it reads the private state of the node, and its sessions and
+their streams, and changes none of it. Building it awaits only each pchannel's latest
+id (bounded by ``_LATEST_ID_TIMEOUT``), so a slow backend delays a status, never blocks
 the node.
 """
 
@@ -30,7 +30,8 @@ from walsvc.remote._protocol import MAX_FRAME_BYTES, NODE_VERSIONS, Read, Status
 from walsvc.wal._wal import LocalWAL
 
 if TYPE_CHECKING:
-    from ._server import NodeServer, _Session
+    from ._server import NodeServer
+    from ._session import Session
 
 __all__ = (
     "answer_status",
@@ -106,11 +107,11 @@ async def _latest(wal: LocalWAL) -> str | None:
     return None if latest is None else latest.marshal()
 
 
-def _connection(session: _Session) -> ConnectionStatus:
+def _connection(session: Session) -> ConnectionStatus:
     streams = []
-    for number, stream in list(session._streams.items()):
+    for number, stream in session.streams.items():
         read = stream.read
-        found = session._handles.get(read.wal)
+        found = session.handles.get(read.wal)
         streams.append(
             StreamStatus(
                 stream=number,
@@ -130,10 +131,10 @@ def _connection(session: _Session) -> ConnectionStatus:
         connected_at=session.connected_at,
         handles=[
             HandleStatus(handle=handle, pchannel=wal.pchannel, read_only=read_only)
-            for handle, (wal, read_only) in list(session._handles.items())
+            for handle, (wal, read_only) in list(session.handles.items())
         ],
-        in_flight=len(session._tasks),
-        queued_bytes=session._writer.queued_bytes,
+        in_flight=len(session.in_flight),
+        queued_bytes=session.writer.queued_bytes,
         reading_paused=session.watchdog is not None and not session.watchdog.reading,
         streams=streams,
         version=session.version,
@@ -145,7 +146,7 @@ async def node_status(node: NodeServer) -> NodeStatus:
     wals = sorted(node._wals.items())
     latest = await asyncio.gather(*(_latest(wal) for _, wal in wals))
     sessions = sorted(node._live, key=lambda s: s.number)
-    handles = Counter(wal.pchannel for s in sessions for wal, _ in s._handles.values())
+    handles = Counter(wal.pchannel for s in sessions for wal, _ in s.handles.values())
     return NodeStatus(
         version=_version(),
         min_version=NODE_VERSIONS[0],
@@ -192,12 +193,12 @@ def fit_in_frame(status: NodeStatus, limit: int = _STATUS_BYTES) -> NodeStatus:
     )
 
 
-async def answer_status(session: _Session, request: Status) -> None:
+async def answer_status(session: Session, request: Status) -> None:
     """Answer ``request``, a ``Status`` of ``session``'s client (within a frame: see
     ``fit_in_frame``)."""
     try:
-        status = fit_in_frame(await node_status(session._node))
+        status = fit_in_frame(await node_status(session.node))
     except Exception as exc:
-        session._fail(request.request, exc)
+        session.fail(request.request, exc)
         return
-    session._send(StatusIs(request.request, status))
+    session.send(StatusIs(request.request, status))

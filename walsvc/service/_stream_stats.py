@@ -10,7 +10,7 @@ sends, it compares two counters of the scanner with those the reporter last look
 ``LocalScanner.stage_changes`` (batches its reorder or transaction stage changed); only
 when one moved, or the scanner reads the backend, does the reporter act. It sends:
 
-- the stats when the stream starts (``report``, from ``_read``);
+- the stats when the stream starts (``report``, from ``Streams.open``);
 - at once, ahead of the messages in the same frame, when the source switched (a hand-off
   to the cache, a fallback to the backend, a subscription's start);
 - otherwise at most once per ``STATS_INTERVAL``: such a ``Delivered`` (its stages

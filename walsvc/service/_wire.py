@@ -1,14 +1,14 @@
-"""Conversions between the node's WAL types and the wire's, shared by the session
-(``_server``) and the transaction table (``_txns``)."""
+"""Conversions between the node's WAL types and the wire's, shared by the appends
+(``_appends``), the stream pump (``_pump``) and the transaction table (``_txns``)."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
-from walsvc.core._message import AppendResult, Message, MessageType
-from walsvc.remote._protocol import WireMessage, WireResult
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.remote._protocol import PRODUCER_KEY_PREFIX, WireDelivered, WireMessage, WireResult
 
-__all__ = ("message_of", "wire_result")
+__all__ = ("message_of", "wire_delivered", "wire_result")
 
 _TYPES: Final = {int(t): t for t in MessageType}
 
@@ -31,3 +31,40 @@ def message_of(wire: WireMessage) -> Message:
         properties=wire.properties,
         idempotency_key=wire.idempotency_key,
     )
+
+
+def wire_delivered(m: ImmutableMessage) -> WireDelivered:
+    """A delivered message as it crosses the wire (the per-message work of every stream:
+    kept to what must change: ids to text, a producer key dropped)."""
+    lc = m.last_confirmed_id
+    if lc is None:
+        lc_text = None
+    elif lc == _last_lc[0]:  # consecutive messages mostly share their last-confirmed id
+        lc_text = _last_lc[1]
+    else:
+        lc_text = lc.marshal()
+        _last_lc[:] = (lc, lc_text)
+    txn = m.txn
+    key = m.idempotency_key
+    if key is not None and key.startswith(PRODUCER_KEY_PREFIX):
+        key = None  # a client's producer key: the appender gave the message none
+    properties = m.properties
+    return WireDelivered(
+        m.message_id.marshal(),
+        m.timetick,
+        m.vchannel,
+        m.type,  # an IntEnum: msgpack encodes its value
+        m.payload,
+        properties if type(properties) is dict else dict(properties),
+        lc_text,
+        None if txn is None else (txn.txn_id, txn.keepalive_ms),
+        key,
+        m.term,
+        m.persisted,
+        m.durable_tick,
+        [wire_delivered(inner) for inner in m.body] if m.body else [],
+    )
+
+
+#: The last last-confirmed id marshalled, and its text.
+_last_lc: list[Any] = [None, None]
