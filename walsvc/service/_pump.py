@@ -20,8 +20,6 @@ import logging
 from collections.abc import Callable
 from typing import Final, final
 
-import msgspec
-
 from walsvc.core._errors import WALClosed, WALError
 from walsvc.core._message import ImmutableMessage
 from walsvc.read._scanner import LocalScanner
@@ -30,12 +28,11 @@ from walsvc.remote._protocol import Delivered, ErrorCode, Read, error_code
 
 from ._stream_stats import StatsReporter
 from ._subscriptions import close_scanner
-from ._wire import wire_delivered
+from ._wire import encode, wire_delivered
 
 __all__ = ("Stream", "pump")
 
 _log: Final = logging.getLogger("walsvc.service")
-_encode: Final = msgspec.msgpack.Encoder().encode
 #: Largest payload bytes in one ``Delivered`` message (a frame holds several).
 _DELIVERY_BYTES: Final = 1024 * 1024
 
@@ -134,7 +131,7 @@ async def pump(
                 ):
                     report.delivering()  # a source switch at once, the rest within 100 ms
                 writer.send(
-                    _encode(Delivered(number, [wire_delivered(m) for m in batch[start:end]]))
+                    encode(Delivered(number, [wire_delivered(m) for m in batch[start:end]]))
                 )
                 start = end
     except asyncio.CancelledError:

@@ -46,11 +46,11 @@ from ._limits import Watchdog, keep_alive
 from ._session import Session
 from ._status import host_port, node_status
 from ._txns import NodeTxns
+from ._wire import encode
 
 __all__ = ("NodeServer", "serve")
 
 _log: Final = logging.getLogger("walsvc.service")
-_encode: Final = msgspec.msgpack.Encoder().encode
 _decode: Final = msgspec.msgpack.Decoder(list[ClientMessage]).decode
 
 
@@ -176,12 +176,12 @@ class NodeServer:
         refusal = self._check_hello(hello[0])
         frames = FrameWriter(writer, high_water=limits.send_queue_bytes)
         if refusal is not None:
-            frames.send(_encode(refusal))
+            frames.send(encode(refusal))
             await frames.aclose()
             return
         version = negotiate((hello[0].min_version, hello[0].max_version))
         assert version is not None
-        frames.send(_encode(Welcome(version, *NODE_VERSIONS, "walsvc-python")))
+        frames.send(encode(Welcome(version, *NODE_VERSIONS, "walsvc-python")))
         self._connections += 1
         session = Session(self, frames, peer, self._connections, version)
         self._live.add(session)

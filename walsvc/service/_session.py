@@ -60,6 +60,7 @@ from ._limits import STATUS_CHARGE, Requests, Watchdog
 from ._status import answer_status
 from ._streams import Streams
 from ._txns import TxnRequest
+from ._wire import encode
 
 if TYPE_CHECKING:
     from ._server import NodeServer
@@ -67,7 +68,6 @@ if TYPE_CHECKING:
 __all__ = ("Session",)
 
 _log: Final = logging.getLogger("walsvc.service")
-_encode: Final = msgspec.msgpack.Encoder().encode
 _TXN_REQUESTS: Final = (TxnBegin, TxnResume, TxnAppend, TxnCommit, TxnRollback)
 
 
@@ -96,7 +96,7 @@ class Session:
 
     def send(self, item: msgspec.Struct) -> None:
         """Queue ``item`` for the client."""
-        self.writer.send(_encode(item))
+        self.writer.send(encode(item))
 
     def _spawn(self, coroutine: Any, charge: int = 64) -> None:
         self.in_flight.add(asyncio.get_running_loop().create_task(coroutine), charge)

@@ -29,6 +29,8 @@ from walsvc.remote._node_status import (
 from walsvc.remote._protocol import MAX_FRAME_BYTES, NODE_VERSIONS, Read, Status, StatusIs
 from walsvc.wal._wal import LocalWAL
 
+from ._wire import encode
+
 if TYPE_CHECKING:
     from ._server import NodeServer
     from ._session import Session
@@ -52,7 +54,6 @@ _PASSWORD: Final = re.compile(r"(?<=://)([^/@:]*):[^/@]*@")
 _STATUS_BYTES: Final = MAX_FRAME_BYTES - 64
 #: The msgpack headers of the connections array can grow from 1 byte to 5 as it fills.
 _ARRAY_HEADER_GROWTH: Final = 4
-_encode: Final = msgspec.msgpack.Encoder().encode
 
 
 @functools.cache
@@ -177,14 +178,14 @@ def fit_in_frame(status: NodeStatus, limit: int = _STATUS_BYTES) -> NodeStatus:
     first of its connections that fit (each whole, with its streams) and the others
     counted in ``omitted_connections``. What is not a connection always fits: a status
     answer never exceeds a frame (one that did would never reach its asker)."""
-    if len(_encode(status)) <= limit:
+    if len(encode(status)) <= limit:
         return status
     connections = status.connections
     bare = msgspec.structs.replace(status, connections=[], omitted_connections=len(connections))
-    room = limit - len(_encode(bare)) - _ARRAY_HEADER_GROWTH
+    room = limit - len(encode(bare)) - _ARRAY_HEADER_GROWTH
     kept = 0
     for connection in connections:
-        room -= len(_encode(connection))
+        room -= len(encode(connection))
         if room < 0:
             break
         kept += 1

@@ -37,19 +37,18 @@ from __future__ import annotations
 import asyncio
 from typing import Final, final
 
-import msgspec
-
 from walsvc.core._api import ScannerStats
 from walsvc.read._scanner import LocalScanner
 from walsvc.remote._frames import FrameWriter
 from walsvc.remote._protocol import StreamStats
+
+from ._wire import encode
 
 __all__ = ("STATS_INTERVAL", "StatsReporter", "stream_stats")
 
 #: Seconds between two reports of a stream's stats that changed in other ways than a
 #: source switch.
 STATS_INTERVAL: Final = 0.1
-_encode: Final = msgspec.msgpack.Encoder().encode
 
 
 def stream_stats(stream: int, stats: ScannerStats) -> StreamStats:
@@ -130,7 +129,7 @@ class StatsReporter:
         self.on_backend = stats.source == "backend"
         if stats != self._last:
             self._last = stats
-            self._writer.send(_encode(stats))
+            self._writer.send(encode(stats))
         # Reading the backend and sent something since the last look: look again (the
         # hand-off of a scanner that caught up follows its last batch; one look an
         # interval after that batch sees it, however its sending was spread out).

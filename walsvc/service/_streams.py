@@ -43,11 +43,11 @@ from ._limits import check_credit
 from ._pump import Stream, pump
 from ._stream_stats import StatsReporter
 from ._subscriptions import acknowledge
+from ._wire import encode
 
 __all__ = ("Streams",)
 
 _log: Final = logging.getLogger("walsvc.service")
-_encode: Final = msgspec.msgpack.Encoder().encode
 
 
 @final
@@ -64,7 +64,7 @@ class Streams:
         self._streams: dict[int, Stream] = {}
 
     def _send(self, item: msgspec.Struct) -> None:
-        self._writer.send(_encode(item))
+        self._writer.send(encode(item))
 
     def __contains__(self, number: int) -> bool:
         return number in self._streams

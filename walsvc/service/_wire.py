@@ -1,16 +1,22 @@
 """Conversions between the node's WAL types and the wire's, shared by the appends
-(``_appends``), the stream pump (``_pump``) and the transaction table (``_txns``)."""
+(``_appends``), the stream pump (``_pump``) and the transaction table (``_txns``), and
+the one ``encode`` every module of the node sends with."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
+
 from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
 from walsvc.remote._protocol import PRODUCER_KEY_PREFIX, WireDelivered, WireMessage, WireResult
 
-__all__ = ("message_of", "wire_delivered", "wire_result")
+__all__ = ("encode", "message_of", "wire_delivered", "wire_result")
 
 _TYPES: Final = {int(t): t for t in MessageType}
+
+#: A message of the protocol as the bytes of one item of a frame.
+encode: Final = msgspec.msgpack.Encoder().encode
 
 
 def wire_result(result: AppendResult) -> WireResult:
