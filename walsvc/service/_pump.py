@@ -24,11 +24,11 @@ from walsvc.core._errors import WALClosed, WALError
 from walsvc.core._message import ImmutableMessage
 from walsvc.read._scanner import LocalScanner
 from walsvc.remote._frames import FrameWriter
-from walsvc.remote._protocol import Delivered, ErrorCode, Read, error_code
+from walsvc.remote._protocol import ErrorCode, Read, error_code
 
 from ._stream_stats import StatsReporter
 from ._subscriptions import close_scanner
-from ._wire import encode, wire_delivered
+from ._wire import encode_delivered
 
 __all__ = ("Stream", "pump")
 
@@ -130,9 +130,7 @@ async def pump(
                     or scanner.stage_changes != report.stage_changes
                 ):
                     report.delivering()  # a source switch at once, the rest within 100 ms
-                writer.send(
-                    encode(Delivered(number, [wire_delivered(m) for m in batch[start:end]]))
-                )
+                writer.send(encode_delivered(number, list(batch[start:end])))
                 start = end
     except asyncio.CancelledError:
         stream.stop_reporting()

@@ -1,6 +1,10 @@
 """Conversions between the node's WAL types and the wire's, shared by the appends
 (``_appends``), the stream pump (``_pump``) and the transaction table (``_txns``), and
-the one ``encode`` every module of the node sends with."""
+the one ``encode`` every module of the node sends with.
+
+``encode_delivered`` is a stream's per-message work: compiled (``_cwire.c``) for the
+messages of the backends whose ids are sequence numbers, with ``wire_delivered`` and
+``encode`` as its fallback and its definition (the two give the same bytes)."""
 
 from __future__ import annotations
 
@@ -8,10 +12,22 @@ from typing import Any, Final
 
 import msgspec
 
-from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
-from walsvc.remote._protocol import PRODUCER_KEY_PREFIX, WireDelivered, WireMessage, WireResult
+from walsvc.core._ids import SequenceMessageId
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType, TxnContext
+from walsvc.remote._protocol import (
+    PRODUCER_KEY_PREFIX,
+    Delivered,
+    WireDelivered,
+    WireMessage,
+    WireResult,
+)
 
-__all__ = ("encode", "message_of", "wire_delivered", "wire_result")
+try:
+    from . import _cwire
+except ImportError:  # built without a C compiler: the Python path below
+    _cwire = None  # type: ignore[assignment]
+
+__all__ = ("compiled", "encode", "encode_delivered", "message_of", "wire_delivered", "wire_result")
 
 _TYPES: Final = {int(t): t for t in MessageType}
 
@@ -74,3 +90,39 @@ def wire_delivered(m: ImmutableMessage) -> WireDelivered:
 
 #: The last last-confirmed id marshalled, and its text.
 _last_lc: list[Any] = [None, None]
+
+
+#: Whether ``encode_delivered`` runs compiled (False: walsvc was built without
+#: ``_cwire.c``, or the message classes' fields are not the slots it reads).
+compiled: Final = _cwire is not None and _cwire.bind(
+    ImmutableMessage, TxnContext, SequenceMessageId, PRODUCER_KEY_PREFIX
+)
+#: The id classes the compiled path marshals, with their text prefix ("file:"): every
+#: ``SequenceMessageId`` class met that marshals as it does.
+_schemes: dict[type, bytes] = {}
+
+
+def encode_delivered(stream: int, messages: list[ImmutableMessage]) -> bytes:
+    """The frame item ``Delivered(stream, [wire_delivered(m) for m in messages])``, as
+    ``encode`` makes it (raising what it raises)."""
+    if compiled:
+        data = _cwire.encode_delivered(stream, messages, _schemes)
+        if data is None and messages and _learn_ids(messages[0]):
+            data = _cwire.encode_delivered(stream, messages, _schemes)
+        if data is not None:
+            return data
+    return encode(Delivered(stream, [wire_delivered(m) for m in messages]))
+
+
+def _learn_ids(message: ImmutableMessage) -> bool:
+    """Add the id classes of ``message`` (its id and last-confirmed id) that the
+    compiled path can marshal to ``_schemes``; True if any was new."""
+    learned = False
+    for id_ in (message.message_id, message.last_confirmed_id):
+        if not isinstance(id_, SequenceMessageId):
+            continue
+        cls = type(id_)
+        if cls not in _schemes and cls.marshal is SequenceMessageId.marshal:
+            _schemes[cls] = f"{cls.scheme}:".encode()
+            learned = True
+    return learned
