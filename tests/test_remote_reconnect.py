@@ -436,6 +436,38 @@ async def test_an_ack_lost_with_its_connection_is_sent_again_on_resume(
         assert next_one.payload == b"b0"
 
 
+async def test_a_resumed_reader_sees_a_transaction_that_was_open_at_its_last_message(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    """A transaction begun before the reader's last message and committed while the
+    reader was cut off is delivered after the resume: its begin and body precede that
+    message in the log, so a stream resumed just after the message's id (not from its
+    checkpoint) would never see them and would drop the TXN (seen first by the seeded
+    fault schedule with transactions)."""
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with (
+        await walsvc.open_wal(node, pchannel) as writer,
+        await walsvc.open_wal(url, pchannel, read_only=True) as reader,
+    ):
+        scanner = reader.read(DeliverPolicy.all())
+        txn = await writer.begin_txn("v")
+        await txn.append(Message(payload=b"body", vchannel="v"))
+        before = await writer.append(Message(payload=b"before", vchannel="v"))
+        assert [m.message_id for m in await take(scanner, 1)] == [before.message_id]
+        tcp.refusing = True  # the reader cannot resume until both are in the log
+        assert tcp.cut() == 1
+        commit = await txn.commit()
+        after = await writer.append(Message(payload=b"after", vchannel="v"))
+        tcp.refusing = False
+        (first,) = await take(scanner, 1)
+        assert (first.type, first.message_id) == (MessageType.TXN, commit.message_id), first
+        assert [m.payload for m in first.body] == [b"body"]
+        assert [m.message_id for m in await take(scanner, 1)] == [after.message_id]
+        await scanner.aclose()
+        assert reader.connection.reconnects == 1
+
+
 async def _stored(node: str, pchannel: str) -> list[walsvc.ImmutableMessage]:
     """What ``pchannel`` stores but TimeTicks (a transaction's parts one by one)."""
     return [m for m in await whole_log(node, pchannel) if m.type is not MessageType.TIME_TICK]

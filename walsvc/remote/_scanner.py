@@ -156,9 +156,10 @@ class RemoteScanner(Scanner):
         self._owed_messages = 0
         self._owed_bytes = 0
         self._position: MessageId | None = None
-        #: The id of the last message received (delivered or buffered): a resumed
-        #: stream starts after it.
-        self._received: str | None = None
+        #: The last message received (delivered or buffered): its id and its
+        #: checkpoint (last-confirmed id, timetick); a resumed stream continues right
+        #: after it (see ``_resume``).
+        self._received: tuple[str, str | None, int] | None = None
         #: A ``latest`` stream's starting timetick, once the node told it.
         self._start_tick: int | None = None
         #: After a subscription stream resumed (from its checkpoint, on the node): the
@@ -187,7 +188,9 @@ class RemoteScanner(Scanner):
             messages = self._unseen(messages)
         if messages and self._end is None and not self._user_closed:
             self._buffer.append(messages)
-            self._received = messages[-1].message_id
+            last = messages[-1]
+            tick = last.timetick if last.persisted else last.durable_tick
+            self._received = (last.message_id, last.last_confirmed_id, tick)
             self._wake()
 
     def _unseen(self, messages: list[WireDelivered]) -> list[WireDelivered]:
@@ -211,7 +214,14 @@ class RemoteScanner(Scanner):
         ``handle``: right after the last message received (a ``latest`` stream that
         received none: after its starting timetick; a subscription: from its checkpoint
         on the node, dropping what was received before), with the credit the buffer
-        leaves. The latest ack is owed again from then on (see ``_deliver``)."""
+        leaves.
+
+        Right after the last message is from its checkpoint, not just after its id: a
+        transaction open at that message began before it, with bodies before it, and is
+        delivered whole at its commit, later; read from the message's last-confirmed id
+        (at or before every begin open there) and past its timetick, the resumed stream
+        delivers it. A raw stream, which delivers each stored message, resumes just
+        after the id. The latest ack is owed again from then on (see ``_deliver``)."""
         read = self._read
         self._resumed = True
         last = self._node_stats
@@ -229,10 +239,15 @@ class RemoteScanner(Scanner):
                 base.checkpoint if last.checkpoint is None else last.checkpoint,
             )
             self._node_stats = None
+        deliver_id: str | None
         if self._received is not None:
-            deliver, deliver_id, after = "start_after", self._received, 0
+            received, last_confirmed, tick = self._received
+            if read.raw:
+                deliver, deliver_id, after = "start_after", received, 0
+            else:
+                deliver, deliver_id, after = "checkpoint", last_confirmed, tick
             if read.subscription is not None:
-                self._skip_through = self._wal._ids(self._received)
+                self._skip_through = self._wal._ids(received)
         elif read.deliver == "latest" and self._start_tick is not None:
             deliver, deliver_id, after = "checkpoint", None, self._start_tick
         else:
