@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,10 +28,12 @@ def node_serving(kind: str, scratch: Path) -> Iterator[str]:
 
 @contextmanager
 def node_process(
-    url: str, *extra: str, env: dict[str, str] | None = None
+    url: str, *extra: str, env: dict[str, str] | None = None, log: list[str] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """Start a node serving ``url`` on a free loopback port; yield its ``walsvc://`` URL
-    and the process (stderr is captured: the node's log); kill it at exit."""
+    and the process; kill it at exit. The node's log (stderr) is read on a thread as it
+    comes, line by line into ``log`` if given: a node that logs much never blocks on a
+    full pipe. The thread has read it all once this exits."""
     process = subprocess.Popen(
         [sys.executable, "-m", "walsvc", "serve", "--url", url, "--listen", "127.0.0.1:0", *extra],
         cwd=ROOT,
@@ -38,12 +42,17 @@ def node_process(
         text=True,
         env={**os.environ, **(env or {})},
     )
+    reader: threading.Thread | None = None
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
         if " at walsvc://" not in line:
             process.kill()
             raise AssertionError(f"the node did not start: {line!r} {process.communicate()[1]}")
+        reader = threading.Thread(
+            target=_read_lines, args=(process.stderr, [] if log is None else log), daemon=True
+        )
+        reader.start()
         yield line.rsplit(" at ", 1)[1].strip(), process
     finally:
         process.terminate()
@@ -52,6 +61,13 @@ def node_process(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if reader is not None:
+            reader.join(10)
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _read_lines(stream: IO[str], lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)  # noqa: PERF402 (the test watches the list grow meanwhile)

@@ -20,11 +20,9 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import IO
 
 import msgspec
 import pytest
@@ -51,19 +49,10 @@ PATIENCE = 30
 
 
 class NodeLog:
-    """The node's stderr, read line by line on a thread."""
+    """The node's log, its lines as ``node_process`` reads them."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self) -> None:
         self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.append(line)
-
-    def join(self) -> None:
-        self._thread.join(PATIENCE)
 
     def about(self, port: int) -> list[str]:
         """The lines naming the peer on local port ``port``."""
@@ -81,15 +70,9 @@ class NodeLog:
 @contextlib.contextmanager
 def logged_node(*flags: str) -> Iterator[tuple[str, NodeLog]]:
     url = f"memory://bad-peers-{uuid.uuid4().hex[:8]}"
-    with node_process(url, *flags) as (node_url, process):
-        assert process.stderr is not None
-        log = NodeLog(process.stderr)
-        try:
-            yield node_url, log
-        finally:
-            process.terminate()
-            process.wait(PATIENCE)
-            log.join()
+    log = NodeLog()
+    with node_process(url, *flags, log=log.lines) as (node_url, _):
+        yield node_url, log
     assert "Traceback" not in "".join(log.lines), "".join(log.lines)
 
 
