@@ -188,13 +188,16 @@ async def test_paused_broker_makes_subscription_calls_backend_unavailable(
     paused_broker: Any,
 ) -> None:
     """Save, load and names give up with BackendUnavailable within request_timeout when
-    the broker stops answering; they work again once it is back."""
+    the broker stops answering; they work again once it is back. (The store's clients
+    start while the broker answers: a client started during the pause would take up to
+    connect_timeout to give up.)"""
     pchannel = fresh()
     async with await walsvc.open_wal(
         paused_broker.url, pchannel, interceptors=[], request_timeout=0.5
     ) as wal:
         store = wal._backend.subscriptions()
         await store.save("s", checkpoint(1, 1))
+        assert await store.load("s") == checkpoint(1, 1)
         paused_broker.pause()
         try:
             for call in (
