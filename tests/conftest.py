@@ -8,6 +8,7 @@
   tests.
 - ``node`` is a node process serving memory:// or file://, one per test module; a module
   that needs another kind of node (other options, a fresh one per test) defines its own.
+  ``proxy`` is a TCP proxy in front of the module's ``node``, per test.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import os
 import random
 import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from hypothesis import settings
 
 if TYPE_CHECKING:
     from _chain_support import FakeClock
+    from _tcp_proxy import TcpProxy
 
 pytest_plugins = ("pytester",)
 
@@ -163,3 +165,12 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
     with node_serving(request.param, tmp_path_factory.mktemp("node")) as url:
         yield url
+
+
+@pytest.fixture
+async def proxy(node: str) -> AsyncIterator[tuple[TcpProxy, str]]:
+    """A TCP proxy in front of ``node`` (the module's), and the walsvc:// URL through it."""
+    from _tcp_proxy import proxied  # here: the harness tests copy this file alone
+
+    async with proxied(node) as pair:
+        yield pair

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import msgspec
 import pytest
+from _chain_support import take
 from _node_process import ROOT, node_process
 
 import walsvc
@@ -180,7 +181,7 @@ class Steady:
     async def check(self) -> None:
         """Everything acknowledged is in the log, once, in order."""
         async with await walsvc.open_wal(self.url, self.pchannel, read_only=True) as reader:
-            log = await take(reader.read(), len(self.acked))
+            log = await take(reader.read(), len(self.acked), within=PATIENCE)
         assert [m.message_id for m in log] == [r.message_id for r in self.acked]
         assert [m.payload for m in log] == [b"steady-%d" % i for i in range(len(self.acked))]
 
@@ -203,16 +204,6 @@ async def steady_client(url: str) -> AsyncIterator[Steady]:
     assert task.cancelled(), task.exception()
     assert len(client.acked) > before  # it was served while the bad peer was
     await client.check()
-
-
-async def take(scanner: walsvc.Scanner, count: int) -> list[walsvc.ImmutableMessage]:
-    taken: list[walsvc.ImmutableMessage] = []
-    async with asyncio.timeout(PATIENCE):
-        async for message in scanner:
-            taken.append(message)
-            if len(taken) == count:
-                break
-    return taken
 
 
 async def node_status(url: str) -> NodeStatus:
@@ -363,7 +354,7 @@ async def test_a_reader_that_stops_reading_holds_a_bounded_queue_and_is_cut_off(
         flowing = other.read()
         for _ in range(10):  # 10 MiB: more than the kernel's buffers and the node's limit
             await writer.append_many([Message(payload=payload, vchannel="v")] * 10)
-        assert len(await take(flowing, 100)) == 100  # another reader is not slowed
+        assert len(await take(flowing, 100, within=PATIENCE)) == 100  # another reader is not slowed
         await watching
         streams = [s for c in seen for s in c.streams]
         assert any(s.waiting_for_send for s in streams)

@@ -10,14 +10,14 @@ import asyncio
 import signal
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _chain_support import take, whole_log
 from _node_process import node_process
-from _tcp_proxy import TcpProxy, proxied
+from _tcp_proxy import TcpProxy
 
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
@@ -29,12 +29,6 @@ from walsvc.remote._client import RemoteWAL
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with node_process(f"file://{tmp_path_factory.mktemp('node')}") as (node_url, _):
         yield node_url
-
-
-@pytest.fixture
-async def proxy(node: str) -> AsyncIterator[tuple[TcpProxy, str]]:
-    async with proxied(node) as pair:
-        yield pair
 
 
 def _pchannel() -> str:

@@ -12,23 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import msgspec
 import pytest
 from _chain_support import take
-from _tcp_proxy import TcpProxy, proxied
+from _tcp_proxy import TcpProxy
 
 import walsvc
 from walsvc import DeliverPolicy, Filter, Message
 from walsvc.remote import _protocol as p
 from walsvc.remote._client import RemoteWAL
-
-
-@pytest.fixture
-async def proxy(node: str) -> AsyncIterator[tuple[TcpProxy, str]]:
-    async with proxied(node) as pair:
-        yield pair
 
 
 def _pchannel() -> str:

@@ -130,7 +130,8 @@ async def pump(
                     or scanner.stage_changes != report.stage_changes
                 ):
                     report.delivering()  # a source switch at once, the rest within 100 ms
-                writer.send(encode_delivered(number, list(batch[start:end])))
+                chunk = batch[start:end]
+                writer.send(encode_delivered(number, chunk if type(chunk) is list else list(chunk)))
                 start = end
     except asyncio.CancelledError:
         stream.stop_reporting()
