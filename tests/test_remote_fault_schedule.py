@@ -345,6 +345,51 @@ def _check_txns(
     assert not ended_twice, f"{context}: a transaction ended twice: {ended_twice[:5]}"
 
 
+class _Session:
+    """One reader of the schedule's subscription, from its ``read`` to its ``aclose``:
+    the ids it received, the last one it acknowledged, and whether its ``aclose``
+    returned cleanly (the node wrote its last checkpoint) or not (the link or the node
+    was lost first, or an ack failed)."""
+
+    def __init__(self) -> None:
+        self.received: list[walsvc.MessageId] = []
+        self.acked: walsvc.MessageId | None = None
+        self.clean = False
+        self.error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        close = "clean" if self.clean else f"unclean ({self.error!r})"
+        return f"_Session({len(self.received)} received, acked {self.acked}, {close})"
+
+
+def _check_subscription(
+    context: str, sessions: list[_Session], log: list[walsvc.ImmutableMessage]
+) -> None:
+    """Each reader of the subscription against the log: it received a run of the log
+    with no gap and no repeat; it started where the checkpoint was: after the last
+    message its predecessor acknowledged if that one closed cleanly, else anywhere from
+    where its predecessor started to just after its last ack (checkpoints only move
+    forward, and an ack lost with the link or the node may be redelivered, never a
+    message skipped)."""
+    place = {m.message_id: i for i, m in enumerate(log)}
+    start = 0  # where the checkpoint may be, at the earliest and at the latest
+    latest = 0
+    for number, session in enumerate(sessions):
+        if not session.received:
+            continue
+        shown = f"{context}: subscription reader {number} {session}"
+        first = place.get(session.received[0])
+        assert first is not None, f"{shown} received a message not in the log"
+        assert start <= first <= latest, f"{shown} started at {first}, not in [{start}, {latest}]"
+        run = [place.get(i) for i in session.received]
+        assert run == list(range(first, first + len(run))), f"{shown}: a gap or a repeat"
+        after_ack = first if session.acked is None else place[session.acked] + 1
+        if session.clean:
+            start = latest = after_ack
+        else:
+            start, latest = first, max(after_ack, first)
+
+
 _TXN_ENDS: Final = frozenset({MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN})
 _TXN_CONTROL: Final = _TXN_ENDS | {MessageType.BEGIN_TXN}
 
@@ -362,7 +407,9 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
     options = {"heartbeat": 0.1, "reconnect_timeout": 20.0}
     wals = [await walsvc.open_wal(url, pchannel, **options) for _ in range(3)]
     reader = await walsvc.open_wal(url, pchannel, read_only=True, window_messages=64, **options)
+    subscriber = await walsvc.open_wal(url, pchannel, read_only=True, **options)
     seen: list[walsvc.ImmutableMessage] = []
+    sessions: list[_Session] = []
     stop = asyncio.Event()
 
     async def produce(producer: int) -> None:
@@ -406,10 +453,37 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
         async for message in reader.read(DeliverPolicy.all()):
             seen.append(message)  # noqa: PERF401 (seen is watched while it grows)
 
+    async def subscribe() -> None:
+        """Readers of one subscription, one after another: each takes a few messages,
+        acknowledges some of them, and closes."""
+        local = random.Random(seed * 1000 + PRODUCERS + TXN_PRODUCERS)
+        while not stop.is_set():
+            session = _Session()
+            sessions.append(session)
+            scanner = subscriber.read(DeliverPolicy.all(), subscription="schedule")
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(local.uniform(0.02, 0.25)):
+                        async for message in scanner:
+                            session.received.append(message.message_id)
+                            if local.random() < 0.3:
+                                await scanner.ack(message)
+                                session.acked = message.message_id
+                await scanner.aclose()
+                session.clean = True
+            except walsvc.WALError as exc:
+                # SubscriptionBusy: the node has yet to see that the previous reader's
+                # connection is gone (held by a fault), and holds the name for it
+                session.error = exc
+                await scanner.aclose()
+                await asyncio.sleep(0.05)
+
     consumer = asyncio.ensure_future(consume())
     faults = asyncio.ensure_future(_faults(rng, tcp, node, stop))
     producers = asyncio.gather(
-        *(produce(p) for p in range(PRODUCERS)), *(produce_txns(p) for p in range(TXN_PRODUCERS))
+        *(produce(p) for p in range(PRODUCERS)),
+        *(produce_txns(p) for p in range(TXN_PRODUCERS)),
+        subscribe(),
     )
     await asyncio.sleep(ROUND_SECONDS)
     stop.set()
@@ -424,7 +498,7 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
             while not (expected <= set(_payloads(seen)) or consumer.done()):  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
     consumer.cancel()
-    for wal in [*wals, reader]:
+    for wal in [*wals, reader, subscriber]:
         await wal.aclose()
     await tcp.aclose()  # from here nothing reaches the node but what it already has
     async with await walsvc.open_wal(node.url, pchannel) as direct:
@@ -464,6 +538,10 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
     )
     assert not invented, f"{context}: in the log, never appended: {sorted(invented)[:5]}"
     _check_txns(context, runs, log, raw)
+    outcomes.update(
+        "subscriber: clean" if s.clean else f"subscriber: {s.error!r}"[:120] for s in sessions
+    )
+    _check_subscription(context, sessions, log)
     # the consumer received every acknowledged append and transaction, and its messages
     # are the log's, in order, from the start: no gap, no repeat
     if consumer.done() and not consumer.cancelled():

@@ -430,6 +430,68 @@ async def test_an_ack_lost_with_its_connection_is_sent_again_on_resume(
         assert next_one.payload == b"b0"
 
 
+async def test_an_ack_lost_with_the_close_that_followed_it_is_written_on_the_next_socket(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    """An ack and the ``aclose`` after it, both lost with their connection (held in
+    the proxy, then the connection cut): ``aclose`` resumes the stream on the next
+    socket, sends the ack again there and closes it, so the subscription's next reader
+    starts after the acknowledged message (seen first by the seeded fault schedule's
+    subscription readers: ``aclose`` returned as if the checkpoint were written)."""
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(node, pchannel) as writer:
+        await writer.append_many([Message(payload=b"a%d" % i, vchannel="v") for i in range(8)])
+        async with (
+            asyncio.timeout(30),
+            await walsvc.open_wal(url, pchannel, read_only=True) as reader,
+        ):
+            scanner = reader.read(DeliverPolicy.all(), subscription="lost-close")
+            got = await take(scanner, 5)
+            tcp.hold("up")
+            await scanner.ack(got[-1])
+            closing = asyncio.ensure_future(scanner.aclose())
+            for _ in range(3):  # the frames with the ack and the close leave the client
+                await asyncio.sleep(0)
+            assert tcp.cut() == 1  # both are lost in the proxy
+            await closing
+        async with asyncio.timeout(30):
+            again = writer.read(DeliverPolicy.all(), subscription="lost-close")
+            (next_one,) = await take(again, 1)
+            await again.aclose()
+        assert next_one.payload == b"a5"
+
+
+async def test_a_subscription_resumed_before_its_first_ack_keeps_what_was_not_acknowledged(
+    node: str, proxy: tuple[TcpProxy, str]
+) -> None:
+    """A subscription reader that received messages and acknowledged none, resumed on a
+    new socket and then closed: the next reader starts at the first message. (Resumed
+    after the last message received, the node's scanner of a subscription with no
+    checkpoint started there, and the idle ticks it met moved the checkpoint past every
+    message the reader had received and not acknowledged.)"""
+    tcp, url = proxy
+    pchannel = _pchannel()
+    async with await walsvc.open_wal(node, pchannel) as writer:
+        await writer.append_many([Message(payload=b"a%d" % i, vchannel="v") for i in range(4)])
+        async with (
+            asyncio.timeout(30),
+            await walsvc.open_wal(url, pchannel, read_only=True) as reader,
+        ):
+            scanner = reader.read(DeliverPolicy.all(), subscription="unacked")
+            await take(scanner, 4)
+            assert tcp.cut() == 1
+            while reader.connection.reconnects < 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # the writer's idle ticks (every 10 ms) reach the stream
+            await scanner.aclose()
+        async with asyncio.timeout(30):
+            again = writer.read(DeliverPolicy.all(), subscription="unacked")
+            (first,) = await take(again, 1)
+            await again.aclose()
+        assert first.payload == b"a0"
+
+
 async def test_a_resumed_reader_sees_a_transaction_that_was_open_at_its_last_message(
     node: str, proxy: tuple[TcpProxy, str]
 ) -> None:

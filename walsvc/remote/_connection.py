@@ -181,12 +181,18 @@ class Connection(PendingRequests):
         append: bool = False,
         resend: bool = False,
         resend_from: int = 1,
+        hold: bool = True,
     ) -> Pending:
         """Queue ``item`` (whose request id is ``request``) and return its pending
         answer. ``append``: its loss is ``AppendOutcomeUnknown``; ``resend``: it is sent
         again after a reconnect instead of failing, to a node that speaks protocol
-        version ``resend_from`` or later (a resend needs what that version added)."""
+        version ``resend_from`` or later (a resend needs what that version added);
+        ``hold=False``: while there is no socket to send it on now, it fails
+        ``BackendUnavailable`` instead of waiting for the next (a request that names
+        something of this socket, which the next may not have yet)."""
         self.check()
+        if not hold and not self._sending:
+            raise BackendUnavailable(f"no connection to {self.where} now")
         data = _encode(item)
         if len(data) > MAX_ITEM_BYTES:
             raise MessageTooLarge(
@@ -297,7 +303,7 @@ class Connection(PendingRequests):
         elif isinstance(message, StreamStats):
             scanner = self._streams.get(message.stream)
             if scanner is not None:
-                scanner._node_stats = message
+                scanner._stats_arrived(message)
         elif isinstance(message, StreamEnded):
             scanner = self._streams.get(message.stream)
             if (

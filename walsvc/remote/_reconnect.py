@@ -128,7 +128,7 @@ async def restore(conn: Connection, socket: NodeSocket) -> None:
         raise
     conn._resend(socket, handle, conn.where)
     for scanner in list(conn._streams.values()):
-        if not scanner._user_closed:
+        if not scanner._user_closed or scanner._closing:
             socket.writer.send(_encode(scanner._resume(handle)))
     conn._reconnecting = False  # from here requests go straight out again
 

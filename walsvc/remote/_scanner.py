@@ -6,8 +6,11 @@ stream (``Ack``, no round trip: the node applies it in order with what follows, 
 failure comes back as ``AckFailed``, raised by the next ``ack``, ``flush`` or
 ``aclose``, as a local scanner raises a failed background checkpoint write);
 ``flush`` and ``aclose`` wait for the node's checkpoint write (``Flush``). A stream
-resumed on a new socket sends the latest ack again with its first batch: an ack lost
-with its connection is not lost for the subscription. One reader
+resumed on a new socket sends the latest ack again once the node's scanner started (its
+first batch, or, over protocol version 2, the ``StreamStats`` that says so): an ack lost
+with its connection is not lost for the subscription. So is one lost with the
+``aclose`` that followed it: the stream resumes on the next socket, the ack goes again
+and then the close. One reader
 per name: the node refuses a second one from any client (``SubscriptionBusy`` at the
 first read); a second one in this process is refused at ``read``, as locally.
 
@@ -97,10 +100,12 @@ class RemoteScanner(Scanner):
     __slots__ = (
         "_ack_error",
         "_ack_owed",
+        "_ack_resent",
         "_buffer",
         "_busy_since",
         "_busy_tries",
         "_claim",
+        "_closing",
         "_delivered",
         "_end",
         "_last_ack",
@@ -147,6 +152,11 @@ class RemoteScanner(Scanner):
         self._window_messages = read.credit_messages
         self._window_bytes = read.credit_bytes
         super().__init__()
+        #: Closing a subscription whose close was lost with its socket: the stream
+        #: resumes on the next one anyway, to take the latest ack again (see ``aclose``).
+        self._closing = False
+        #: Set once a resumed stream's owed ack was sent, or the stream ended.
+        self._ack_resent: asyncio.Event | None = None
         self._buffer: deque[list[WireDelivered]] = deque()
         self._waiter: asyncio.Future[None] | None = None
         #: Why the stream ended: None while it runs; ``_CLOSED`` for a normal end.
@@ -181,9 +191,7 @@ class RemoteScanner(Scanner):
 
     def _deliver(self, messages: list[WireDelivered]) -> None:
         if self._ack_owed:  # the node's scanner of the resumed stream started: it takes acks
-            self._ack_owed = False
-            assert self._last_ack is not None
-            self._wal._conn.send(self._last_ack)
+            self._send_owed_ack()
         if self._skip_through is not None:
             messages = self._unseen(messages)
         if messages and self._end is None and not self._user_closed:
@@ -192,6 +200,20 @@ class RemoteScanner(Scanner):
             tick = last.timetick if last.persisted else last.durable_tick
             self._received = (last.message_id, last.last_confirmed_id, tick)
             self._wake()
+
+    def _stats_arrived(self, stats: StreamStats) -> None:
+        """The node's scanner's stats: the latest counts; once they say it started, it
+        takes acks (a resumed stream with nothing to deliver sends no batch)."""
+        self._node_stats = stats
+        if self._ack_owed and stats.source != "not started":
+            self._send_owed_ack()
+
+    def _send_owed_ack(self) -> None:
+        self._ack_owed = False
+        assert self._last_ack is not None
+        self._wal._conn.send(self._last_ack)
+        if self._ack_resent is not None:
+            self._ack_resent.set()
 
     def _unseen(self, messages: list[WireDelivered]) -> list[WireDelivered]:
         floor, ids = self._skip_through, self._wal._ids
@@ -212,9 +234,12 @@ class RemoteScanner(Scanner):
     def _resume(self, handle: int) -> Read:
         """The ``Read`` that continues this stream on a new socket for the WAL handle
         ``handle``: right after the last message received (a ``latest`` stream that
-        received none: after its starting timetick; a subscription: from its checkpoint
-        on the node, dropping what was received before), with the credit the buffer
-        leaves.
+        received none: after its starting timetick), with the credit the buffer
+        leaves. A subscription resumes from its checkpoint on the node, or where its
+        first read started if it has none yet, dropping what was received before: read
+        from after the last message received, a subscription with no checkpoint would
+        start there, and its first idle tick would move the checkpoint past messages
+        delivered and never acknowledged.
 
         Right after the last message is from its checkpoint, not just after its id: a
         transaction open at that message began before it, with bodies before it, and is
@@ -240,18 +265,18 @@ class RemoteScanner(Scanner):
             )
             self._node_stats = None
         deliver_id: str | None
-        if self._received is not None:
+        if self._received is not None and read.subscription is None:
             received, last_confirmed, tick = self._received
             if read.raw:
                 deliver, deliver_id, after = "start_after", received, 0
             else:
                 deliver, deliver_id, after = "checkpoint", last_confirmed, tick
-            if read.subscription is not None:
-                self._skip_through = self._wal._ids(received)
         elif read.deliver == "latest" and self._start_tick is not None:
             deliver, deliver_id, after = "checkpoint", None, self._start_tick
         else:
             deliver, deliver_id, after = read.deliver, read.deliver_id, read.after_timetick
+        if read.subscription is not None and self._received is not None:
+            self._skip_through = self._wal._ids(self._received[0])
         buffered = sum(map(len, self._buffer))
         buffered_bytes = sum(_cost(m) for batch in self._buffer for m in batch)
         self._owed_messages = self._owed_bytes = 0
@@ -269,6 +294,8 @@ class RemoteScanner(Scanner):
     def _finish(self, error: WALError | None) -> None:
         if self._end is None:
             self._end = _ENDED if error is None else error
+        if self._ack_resent is not None:
+            self._ack_resent.set()
         self._wake()
 
     def _ack_failed(self, error: WALError) -> None:
@@ -404,8 +431,12 @@ class RemoteScanner(Scanner):
 
     async def aclose(self) -> None:
         """Stop the scanner (iteration then ends) and the node's stream; for a
-        subscription, return once the node wrote its last checkpoint and released the
-        name (raising what that write raised). Idempotent."""
+        subscription, return once the node wrote its last checkpoint, the latest ack's,
+        and released the name (raising what that write raised). If the socket is lost
+        first, the stream resumes on the next one to send the ack and the close again;
+        if the node cannot be reached again within ``reconnect_timeout``, it returns
+        with the checkpoint the node last wrote (the next reader may get again what
+        was acknowledged after it). Idempotent."""
         if self._user_closed:
             return
         self._user_closed = True
@@ -415,15 +446,44 @@ class RemoteScanner(Scanner):
         self._wake()
         conn = self._wal._conn
         try:
-            if self._subscription is not None and self._end is None:
-                request = conn.next_id()
-                await conn.request(Flush(request, self._stream, True), request).future
-        except BackendUnavailable:
-            return  # the socket was lost: the node closed the stream, writing its checkpoint
+            if self._subscription is not None:
+                await self._close_subscription()
         finally:
+            self._closing = False
             conn.forget_stream(self._stream)
             self._release()
         self._raise_ack_error()
+
+    async def _close_subscription(self) -> None:
+        """Send the close (``Flush``) until the node answers it, each time behind the
+        latest ack. A resumed stream owes the node its latest ack until the node's
+        scanner started: the close waits for it. A close lost with its socket, or with
+        no socket to go on, may have followed an ack lost with it: the stream resumes on
+        the next socket (``_closing``), sends the ack again, and the close goes again. A
+        node of protocol version 1 may never say its scanner started (no
+        ``StreamStats``): there, and without an ack, a lost close is the end (the node
+        closed the stream with the socket, writing the checkpoint it knew)."""
+        conn = self._wal._conn
+        self._closing = self._last_ack is not None
+        while self._end is None:
+            # Set by the next ack sent again: on this socket if one is owed, else on the
+            # next (the stream resumes there).
+            resent = self._ack_resent = asyncio.Event()
+            if not (self._ack_owed and conn.version >= STREAM_STATS_VERSION):
+                request = conn.next_id()
+                try:
+                    # Not held for the next socket: there it would come ahead of the
+                    # stream's resumed Read and close nothing.
+                    flush = Flush(request, self._stream, True)
+                    await conn.request(flush, request, hold=False).future
+                    return
+                except BackendUnavailable:
+                    if not self._closing or conn.version < STREAM_STATS_VERSION:
+                        return
+            try:
+                await resent.wait()
+            finally:
+                self._ack_resent = None
 
 
 #: The end of a stream closed normally.
