@@ -10,7 +10,10 @@ An ``AppendMany`` is one ``append_many``, answered with one ``Appended`` or ``Fa
 Every group counts against the connection's requests in flight until its future is done.
 
 This is the node's hot path: per message, the conversion from the wire, its charge and
-its answer, and nothing else.
+its answer, and nothing else. The conversions are ``_wire``'s compiled ones: the
+messages of a group or an ``AppendMany`` built in one call (``compiled_messages_of``,
+``messages_of``), the answers encoded in one (``encode_appended_each``,
+``encode_appended``) and sent as bytes.
 """
 
 from __future__ import annotations
@@ -19,11 +22,17 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, cast
 
-from walsvc.core._message import AppendResult, Message
-from walsvc.remote._protocol import Append, Appended, AppendMany
+from walsvc.core._message import Message
+from walsvc.remote._protocol import Append, AppendMany
 from walsvc.write._coalesce import Outcome
 
-from ._wire import message_of, wire_result
+from ._wire import (
+    compiled_messages_of,
+    encode_appended,
+    encode_appended_each,
+    message_of,
+    messages_of,
+)
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -40,19 +49,24 @@ def start_group(session: Session, requests: list[Append]) -> None:
         for request in requests:
             session.fail(request.request, exc)
         return
-    messages: list[Message] = []
-    started: list[int] = []
-    charge = 0
-    for request in requests:
-        try:
-            messages.append(message_of(request.message))
-        except Exception as exc:  # an invalid message fails alone
-            session.fail(request.request, exc)
-            continue
-        started.append(request.request)
-        charge += 64 + len(request.message.payload)
-    if not messages:
-        return
+    wires = [request.message for request in requests]
+    messages: list[Message] | None = compiled_messages_of(wires)
+    started: list[int]
+    if messages is not None:  # every message valid (the common case)
+        started = [request.request for request in requests]
+        charge = 64 * len(wires) + sum([len(wire.payload) for wire in wires])
+    else:
+        messages, started, charge = [], [], 0
+        for request in requests:
+            try:
+                messages.append(message_of(request.message))
+            except Exception as exc:  # an invalid message fails alone
+                session.fail(request.request, exc)
+                continue
+            started.append(request.request)
+            charge += 64 + len(request.message.payload)
+        if not messages:
+            return
     appended = wal.submit_group(messages)
     session.in_flight.add(appended, charge, len(started))
     appended.add_done_callback(functools.partial(_answer_group, session, started))
@@ -69,10 +83,13 @@ def _answer_group(
         for request in requests:
             session.fail(request, error)
         return
-    send, fail = session.send, session.fail
-    for request, outcome in zip(requests, appended.result(), strict=True):
-        if type(outcome) is AppendResult:
-            send(Appended(request, [wire_result(outcome)]))
+    outcomes = appended.result()
+    send, fail = session.send_encoded, session.fail
+    for request, answer, outcome in zip(
+        requests, encode_appended_each(requests, outcomes), outcomes, strict=True
+    ):
+        if answer is not None:  # the encoded Appended of its AppendResult
+            send(answer)
         else:
             fail(request, cast(Exception, outcome))
 
@@ -81,8 +98,8 @@ async def append_many(session: Session, request: AppendMany) -> None:
     """Append ``request``'s messages with one ``append_many`` and answer it."""
     try:
         wal = session.writable(request.wal)
-        results = await wal.append_many([message_of(m) for m in request.messages])
+        results = await wal.append_many(messages_of(request.messages))
     except Exception as exc:
         session.fail(request.request, exc)
         return
-    session.send(Appended(request.request, [wire_result(r) for r in results]))
+    session.send_encoded(encode_appended(request.request, results))

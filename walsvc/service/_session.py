@@ -98,6 +98,10 @@ class Session:
         """Queue ``item`` for the client."""
         self.writer.send(encode(item))
 
+    def send_encoded(self, item: bytes) -> None:
+        """Queue ``item``, a message already encoded as ``encode`` does, for the client."""
+        self.writer.send(item)
+
     def _spawn(self, coroutine: Any, charge: int = 64) -> None:
         self.in_flight.add(asyncio.get_running_loop().create_task(coroutine), charge)
 

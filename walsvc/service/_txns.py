@@ -44,7 +44,7 @@ from walsvc.remote._protocol import (
 from walsvc.wal._wal import LocalWAL
 from walsvc.write._txn import Txn, TxnState
 
-from ._wire import message_of, wire_result
+from ._wire import messages_of, wire_result
 
 __all__ = ("NodeTxns", "TxnRequest")
 
@@ -157,7 +157,7 @@ class NodeTxns:
 
     async def _apply(self, wal: LocalWAL, request: _Call) -> list[WireResult] | None:
         if isinstance(request, TxnAppend):
-            messages = [message_of(m) for m in request.messages]
+            messages = messages_of(request.messages)
             return [wire_result(r) for r in await self.append(wal, request.txn_id, messages)]
         if isinstance(request, TxnCommit):
             return [wire_result(await self.commit(wal, request.txn_id))]

@@ -2,9 +2,12 @@
 (``_appends``), the stream pump (``_pump``) and the transaction table (``_txns``), and
 the one ``encode`` every module of the node sends with.
 
-``encode_delivered`` is a stream's per-message work: compiled (``_cwire.c``) for the
-messages of the backends whose ids are sequence numbers, with ``wire_delivered`` and
-``encode`` as its fallback and its definition (the two give the same bytes)."""
+``encode_delivered`` is a stream's per-message work, ``messages_of`` and
+``encode_appended`` (``encode_appended_each`` for a group of single appends) an append's:
+compiled (``_cwire.c``) for the messages and results of the backends whose ids are
+sequence numbers, with ``wire_delivered``, ``message_of``, ``wire_result`` and ``encode``
+as their fallback and their definition (the two paths give the same messages and the
+same bytes)."""
 
 from __future__ import annotations
 
@@ -13,23 +16,47 @@ from typing import Any, Final
 import msgspec
 
 from walsvc.core._ids import SequenceMessageId
-from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType, TxnContext
+from walsvc.core._message import (
+    _MAX_VCHANNEL_BYTES,
+    APPLICATION_TYPES,
+    AppendResult,
+    ImmutableMessage,
+    Message,
+    MessageType,
+    TxnContext,
+)
 from walsvc.remote._protocol import (
     PRODUCER_KEY_PREFIX,
+    Appended,
     Delivered,
     WireDelivered,
     WireMessage,
     WireResult,
 )
+from walsvc.write._coalesce import Outcome
 
 try:
     from . import _cwire
 except ImportError:  # built without a C compiler: the Python path below
     _cwire = None  # type: ignore[assignment]
 
-__all__ = ("compiled", "encode", "encode_delivered", "message_of", "wire_delivered", "wire_result")
+__all__ = (
+    "compiled",
+    "compiled_messages_of",
+    "encode",
+    "encode_appended",
+    "encode_appended_each",
+    "encode_delivered",
+    "message_of",
+    "messages_of",
+    "wire_delivered",
+    "wire_result",
+)
 
-_TYPES: Final = {int(t): t for t in MessageType}
+#: The members of ``MessageType`` by number: the named ones, and each application type
+#: met (``messages_of`` adds it: at most the 55,536 of ``APPLICATION_TYPES``, which
+#: ``MessageType`` caches anyway).
+_TYPES: Final[dict[int, MessageType]] = {int(t): t for t in MessageType}
 
 #: A message of the protocol as the bytes of one item of a frame.
 encode: Final = msgspec.msgpack.Encoder().encode
@@ -92,10 +119,19 @@ def wire_delivered(m: ImmutableMessage) -> WireDelivered:
 _last_lc: list[Any] = [None, None]
 
 
-#: Whether ``encode_delivered`` runs compiled (False: walsvc was built without
-#: ``_cwire.c``, or the message classes' fields are not the slots it reads).
+#: Whether ``encode_delivered``, ``encode_appended``, ``encode_appended_each`` and
+#: ``messages_of`` run compiled (False: walsvc was built without ``_cwire.c``, or the
+#: classes' fields are not the slots it reads).
 compiled: Final = _cwire is not None and _cwire.bind(
-    ImmutableMessage, TxnContext, SequenceMessageId, PRODUCER_KEY_PREFIX
+    ImmutableMessage,
+    TxnContext,
+    SequenceMessageId,
+    PRODUCER_KEY_PREFIX,
+    AppendResult,
+    Message,
+    WireMessage,
+    MessageType,
+    _MAX_VCHANNEL_BYTES,
 )
 #: The id classes the compiled path marshals, with their text prefix ("file:"): every
 #: ``SequenceMessageId`` class met that marshals as it does.
@@ -114,11 +150,71 @@ def encode_delivered(stream: int, messages: list[ImmutableMessage]) -> bytes:
     return encode(Delivered(stream, [wire_delivered(m) for m in messages]))
 
 
-def _learn_ids(message: ImmutableMessage) -> bool:
-    """Add the id classes of ``message`` (its id and last-confirmed id) that the
-    compiled path can marshal to ``_schemes``; True if any was new."""
+def encode_appended(request: int, results: list[AppendResult]) -> bytes:
+    """The frame item ``Appended(request, [wire_result(r) for r in results])``, as
+    ``encode`` makes it (raising what it raises)."""
+    if compiled:
+        data = _cwire.encode_appended(request, results, _schemes)
+        if data is None and results and _learn_ids(results[0]):
+            data = _cwire.encode_appended(request, results, _schemes)
+        if data is not None:
+            return data
+    return encode(Appended(request, [wire_result(r) for r in results]))
+
+
+def encode_appended_each(requests: list[int], outcomes: list[Outcome]) -> list[bytes | None]:
+    """For each of ``requests`` and its outcome (in order): the frame item
+    ``Appended(request, [wire_result(outcome)])`` as ``encode`` makes it if the outcome
+    is an ``AppendResult`` (exactly), else None (the request failed with that error)."""
+    if compiled:
+        answers = _cwire.encode_appended_each(requests, outcomes, _schemes)
+        if answers is None:
+            first = next((o for o in outcomes if type(o) is AppendResult), None)
+            if first is not None and _learn_ids(first):
+                answers = _cwire.encode_appended_each(requests, outcomes, _schemes)
+        if answers is not None:
+            return answers
+    return [
+        encode(Appended(request, [wire_result(outcome)])) if type(outcome) is AppendResult else None
+        for request, outcome in zip(requests, outcomes, strict=True)
+    ]
+
+
+def messages_of(wires: list[WireMessage]) -> list[Message]:
+    """``[message_of(w) for w in wires]`` (raising what it raises)."""
+    messages = compiled_messages_of(wires)
+    return [message_of(w) for w in wires] if messages is None else messages
+
+
+def compiled_messages_of(wires: list[WireMessage]) -> list[Message] | None:
+    """``messages_of(wires)`` if the compiled path takes every one of them (then none
+    is invalid), else None (nothing raised: the caller converts each with
+    ``message_of``)."""
+    if not compiled:
+        return None
+    messages = _cwire.messages_of(wires, _TYPES)
+    if messages is None and _learn_types(wires):
+        messages = _cwire.messages_of(wires, _TYPES)
+    return messages
+
+
+def _learn_types(wires: list[WireMessage]) -> bool:
+    """Add the application types of ``wires`` missing from ``_TYPES``; True if any was
+    new (the compiled path maps a type only through ``_TYPES``)."""
     learned = False
-    for id_ in (message.message_id, message.last_confirmed_id):
+    for wire in wires:
+        number = wire.type
+        if type(number) is int and number in APPLICATION_TYPES and number not in _TYPES:
+            _TYPES[number] = MessageType(number)
+            learned = True
+    return learned
+
+
+def _learn_ids(item: ImmutableMessage | AppendResult) -> bool:
+    """Add the id classes of ``item`` (its id and last-confirmed id) that the compiled
+    path can marshal to ``_schemes``; True if any was new."""
+    learned = False
+    for id_ in (item.message_id, item.last_confirmed_id):
         if not isinstance(id_, SequenceMessageId):
             continue
         cls = type(id_)
