@@ -412,14 +412,14 @@ class LocalWAL(WAL):
         chain = self._plain_chain if plain else self._chain
         return [await chain(message) for message in batch]
 
+    # -- appends of messages the WAL built (transaction control and bodies) ----------
+
     async def _append_internal(self, message: Message) -> AppendResult:
         """Append a message the WAL built (transaction control and body) through the chain."""
         self._check_writable()
         if self._ready is not None or self._ready_error is not None:
             await self._wait_ready()
         return await self._chain(message)
-
-    # -- transactions -----------------------------------------------------------------
 
     async def _append_internal_batch(self, messages: list[Message]) -> list[AppendResult]:
         """``_append_internal`` for a batch (transaction bodies): one pass down the batch
