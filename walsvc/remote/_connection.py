@@ -175,7 +175,7 @@ class Connection(PendingRequests):
 
     def request(
         self,
-        item: msgspec.Struct,
+        item: msgspec.Struct | bytes,
         request: int,
         *,
         append: bool = False,
@@ -183,11 +183,13 @@ class Connection(PendingRequests):
         resend_from: int = 1,
     ) -> Pending:
         """Queue ``item`` (whose request id is ``request``) and return its pending
-        answer. ``append``: its loss is ``AppendOutcomeUnknown``; ``resend``: it is sent
-        again after a reconnect instead of failing, to a node that speaks protocol
-        version ``resend_from`` or later (a resend needs what that version added)."""
+        answer. ``item`` is a client message, or its msgpack bytes as ``_encode`` makes
+        them (the compiled append path encodes its own). ``append``: its loss is
+        ``AppendOutcomeUnknown``; ``resend``: it is sent again after a reconnect instead
+        of failing, to a node that speaks protocol version ``resend_from`` or later (a
+        resend needs what that version added)."""
         self.check()
-        data = _encode(item)
+        data = item if type(item) is bytes else _encode(item)
         if len(data) > MAX_ITEM_BYTES:
             raise MessageTooLarge(
                 f"the request is {len(data)} bytes encoded; a frame holds {MAX_ITEM_BYTES}"
