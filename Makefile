@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The compiled modules' sources: the editable install compiles them in place.
 C_SOURCES := walsvc/core/_speedups.c walsvc/backends/_kafka/_cbatches.c \
-	walsvc/backends/_file/_ccommit.c walsvc/service/_cwire.c
+	walsvc/backends/_file/_ccommit.c walsvc/service/_cwire.c walsvc/remote/_cclient.c
 
 .DEFAULT_GOAL := test
 .PHONY: run test lint typecheck pytest soak bench bench-quick clean
@@ -61,5 +61,6 @@ bench-quick: $(VENV)/.test-stamp
 clean:
 	rm -rf $(VENV) .asv build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	rm -f walsvc/core/_speedups.*.so walsvc/backends/_kafka/_cbatches.*.so \
-		walsvc/backends/_file/_ccommit.*.so walsvc/service/_cwire.*.so
+		walsvc/backends/_file/_ccommit.*.so walsvc/service/_cwire.*.so \
+		walsvc/remote/_cclient.*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

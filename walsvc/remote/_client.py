@@ -4,6 +4,11 @@ the timeticks) and filters each stream by header before it sends. Transactions a
 the node's (``_txn``: a ``walsvc.Txn`` whose messages go to the node's handle), and so
 are durable subscriptions (``_scanner``: the node's scanner holds the claim and writes
 the checkpoints the client acknowledges).
+
+An append's per-message work (checks, producer key, encoding; on the answer, the ids
+and ``AppendResult``s) runs compiled where it can (``_cclient.c``, ``compiled``): it
+writes the bytes the Python path here writes, and declines what it does not take, which
+then goes the Python way. The Python path is the fallback and the definition.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from walsvc.core._errors import (
     WALReadOnly,
 )
 from walsvc.core._filter import Filter
-from walsvc.core._ids import MessageId, unmarshal_message_id
+from walsvc.core._ids import MessageId, SequenceMessageId, unmarshal_message_id
 from walsvc.core._message import (
     SYSTEM_TYPES,
     AppendResult,
@@ -60,6 +65,11 @@ from ._protocol import (
 from ._scanner import RemoteScanner, claim_subscription
 from ._txn import begin_remote_txn, resume_remote_txn
 
+try:
+    from . import _cclient
+except ImportError:  # built without a C compiler: the Python path below
+    _cclient = None  # type: ignore[assignment]
+
 __all__ = (
     "DEFAULT_WINDOW_BYTES",
     "DEFAULT_WINDOW_MESSAGES",
@@ -76,13 +86,19 @@ _TYPES: Final = {int(t): t for t in MessageType}
 
 @final
 class _Ids:
-    """Parses marshalled ids, finding each scheme's id class once."""
+    """Parses marshalled ids, finding each scheme's id class once. The classes whose
+    ids are plain sequence numbers go into ``sequences`` too (shared by a WAL's
+    parsers), where the compiled ``results_of`` finds them."""
 
-    __slots__ = ("_classes", "_last", "_last_text")
+    __slots__ = ("_classes", "_last", "_last_text", "sequences")
 
-    def __init__(self) -> None:
+    def __init__(self, sequences: dict[str, type[SequenceMessageId]]) -> None:
         self._classes: dict[str, type[MessageId]] = {}
-        # The last id parsed: results and messages repeat the same last-confirmed id.
+        #: The schemes whose ids ``SequenceMessageId.from_position`` parses: scheme ->
+        #: class.
+        self.sequences = sequences
+        # The last id parsed: results and messages repeat the same last-confirmed id
+        # (_cclient.c reads and moves these two slots as __call__ does).
         self._last_text = ""
         self._last: MessageId | None = None
 
@@ -99,8 +115,18 @@ class _Ids:
         if cls is None:
             parsed = unmarshal_message_id(text)
             self._classes[scheme] = type(parsed)
+            if isinstance(parsed, SequenceMessageId) and _numbered(type(parsed)):
+                self.sequences[scheme] = type(parsed)
             return parsed
         return cls.from_position(position)
+
+
+def _numbered(cls: type[SequenceMessageId]) -> bool:
+    """Whether ``cls`` parses its ids as ``SequenceMessageId`` does (the class called
+    with the position's number), as the compiled ``results_of`` does."""
+    return getattr(cls.from_position, "__func__", None) is getattr(
+        SequenceMessageId.from_position, "__func__", None
+    )
 
 
 def _wire(message: Message, key: str | None) -> WireMessage:
@@ -150,6 +176,15 @@ def _check_user_message(message: Message) -> None:
         raise InvalidMessage("transaction messages are appended through WAL.begin_txn")
 
 
+#: Whether appends are encoded, and their answers read, by the compiled client
+#: (``_cclient.c``: the checks, producer keys and ``_wire`` of each message and the msgspec
+#: encoding of the request in one call, ``_result`` of each answer in another). False:
+#: walsvc was built without it, or the classes' fields are not the slots it reads.
+compiled: Final = _cclient is not None and _cclient.bind(
+    Message, WireResult, AppendResult, _Ids, SYSTEM_TYPES, PRODUCER_KEY_PREFIX
+)
+
+
 @final
 class RemoteWAL(WAL):
     """A WAL whose writer is a walsvc node (``walsvc.open_wal("walsvc://host:port",
@@ -167,6 +202,7 @@ class RemoteWAL(WAL):
         "_read_only",
         "_scanners",
         "_scheme",
+        "_sequences",
         "_term",
         "_window",
     )
@@ -187,8 +223,9 @@ class RemoteWAL(WAL):
         self._scheme = opened.scheme
         self._pchannel = pchannel
         self._closed = False
-        self._ids = _Ids()
-        self._lc_ids = _Ids()  # its own one-entry cache: last-confirmed ids repeat
+        self._sequences: dict[str, type[SequenceMessageId]] = {}
+        self._ids = _Ids(self._sequences)
+        self._lc_ids = _Ids(self._sequences)  # its own one-entry cache: lc ids repeat
         self._scanners: set[RemoteScanner] = set()
         self._window = window
         self._keys = _ProducerKeys() if exactly_once else None
@@ -257,17 +294,32 @@ class RemoteWAL(WAL):
         """Append one message through the node's interceptor chain; return its id,
         timetick and last-confirmed id once it is durable."""
         self._check_writable()
-        if type(message) is not Message or message.type in SYSTEM_TYPES or message.txn is not None:
-            _check_user_message(message)
         conn = self._conn
         if conn.full:
+            _check_user_message(message)  # what is refused is refused before waiting
             await conn.room()
-        request = conn.next_id()
         keys = self._keys
+        if compiled and keys is not None:
+            # Compiled: the checks, the producer key and the bytes in one call, which
+            # declines (None) what the Python path below must see; its request id then
+            # goes unused.
+            request = conn.next_id()
+            encoded = _cclient.encode_append(
+                request, self._handle, message, keys._prefix, keys._next
+            )
+            if encoded is not None:
+                data, keys._next = encoded
+                pending = conn.request(data, request, append=True, resend=True)
+                answer: Appended = await pending.future
+                results = _cclient.results_of(answer.results, self._sequences, self._lc_ids)
+                return self._result(answer.results[0]) if results is None else results[0]
+        if type(message) is not Message or message.type in SYSTEM_TYPES or message.txn is not None:
+            _check_user_message(message)
+        request = conn.next_id()
         key = message.idempotency_key if keys is None else keys(message)
         item = Append(request, self._handle, _wire(message, key))
         pending = conn.request(item, request, append=True, resend=key is not None)
-        answer: Appended = await pending.future
+        answer = await pending.future
         return self._result(answer.results[0])
 
     async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
@@ -275,20 +327,35 @@ class RemoteWAL(WAL):
         durable (``WAL.append_many``'s semantics, on the node)."""
         self._check_writable()
         batch = list(messages)
+        conn = self._conn
+        if conn.full and batch:
+            for message in batch:  # what is refused is refused before waiting
+                _check_user_message(message)
+            await conn.room()
+        keys = self._keys
+        if compiled and keys is not None and batch:
+            # Compiled, as in append: checks, keys and bytes in one call, the results in
+            # one more. Declined (None): the Python path below.
+            request = conn.next_id()
+            encoded = _cclient.encode_append_many(
+                request, self._handle, batch, keys._prefix, keys._next
+            )
+            if encoded is not None:
+                data, keys._next = encoded
+                pending = conn.request(data, request, append=True, resend=True)
+                answer: Appended = await pending.future
+                results = _cclient.results_of(answer.results, self._sequences, self._lc_ids)
+                return [self._result(r) for r in answer.results] if results is None else results
         for message in batch:
             _check_user_message(message)
         if not batch:
             return []
-        conn = self._conn
-        if conn.full:
-            await conn.room()
         request = conn.next_id()
-        keys = self._keys
         wires = [_wire(m, m.idempotency_key if keys is None else keys(m)) for m in batch]
         resend = all(wire.idempotency_key is not None for wire in wires)
         item = AppendMany(request, self._handle, wires)
         pending = conn.request(item, request, append=True, resend=resend)
-        answer: Appended = await pending.future
+        answer = await pending.future
         return [self._result(r) for r in answer.results]
 
     async def begin_txn(

@@ -175,7 +175,7 @@ class Connection(PendingRequests):
 
     def request(
         self,
-        item: msgspec.Struct,
+        item: msgspec.Struct | bytes,
         request: int,
         *,
         append: bool = False,
@@ -184,16 +184,18 @@ class Connection(PendingRequests):
         hold: bool = True,
     ) -> Pending:
         """Queue ``item`` (whose request id is ``request``) and return its pending
-        answer. ``append``: its loss is ``AppendOutcomeUnknown``; ``resend``: it is sent
-        again after a reconnect instead of failing, to a node that speaks protocol
-        version ``resend_from`` or later (a resend needs what that version added);
-        ``hold=False``: while there is no socket to send it on now, it fails
-        ``BackendUnavailable`` instead of waiting for the next (a request that names
-        something of this socket, which the next may not have yet)."""
+        answer. ``item`` is a client message, or its msgpack bytes as ``_encode`` makes
+        them (the compiled append path encodes its own). ``append``: its loss is
+        ``AppendOutcomeUnknown``; ``resend``: it is sent again after a reconnect instead
+        of failing, to a node that speaks protocol version ``resend_from`` or later (a
+        resend needs what that version added); ``hold=False``: while there is no socket
+        to send it on now, it fails ``BackendUnavailable`` instead of waiting for the
+        next (a request that names something of this socket, which the next may not
+        have yet)."""
         self.check()
         if not hold and not self._sending:
             raise BackendUnavailable(f"no connection to {self.where} now")
-        data = _encode(item)
+        data = item if type(item) is bytes else _encode(item)
         if len(data) > MAX_ITEM_BYTES:
             raise MessageTooLarge(
                 f"the request is {len(data)} bytes encoded; a frame holds {MAX_ITEM_BYTES}"

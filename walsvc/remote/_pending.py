@@ -9,7 +9,9 @@ fails the rest:
 - a request never written to a socket (``held``) stays;
 - a request safe to send again (``resend``: reads, appends with idempotency keys) stays
   too, and goes out again if the node of the next socket speaks the protocol version
-  its resend needs (``resend_from``); else it fails ``BackendUnavailable`` there;
+  its resend needs (``resend_from``); else it fails ``BackendUnavailable`` there. A
+  request queued as its bytes (the compiled append path) is decoded back into its
+  message first, to name the new handle: the same message, producer keys and all;
 - any other fails at once: an append that reached a transport with
   ``AppendOutcomeUnknown`` (it may have landed), anything else with the loss.
 
@@ -28,11 +30,13 @@ import msgspec
 
 from walsvc.core._errors import AppendOutcomeUnknown, BackendUnavailable, WALClosed, WALError
 
+from ._client_messages import ClientMessage
 from ._dial import NodeSocket
 
 __all__ = ("MAX_PENDING", "MAX_PENDING_BYTES", "Pending", "PendingRequests")
 
 _encode: Final = msgspec.msgpack.Encoder().encode
+_decode: Final = msgspec.msgpack.Decoder(ClientMessage).decode
 #: Requests (and their encoded bytes) a connection keeps waiting for answers before
 #: callers wait for room.
 MAX_PENDING: Final = 16384
@@ -41,10 +45,10 @@ MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 
 @final
 class Pending:
-    """A request waiting for its answer. ``sent`` once it reached a transport;
-    ``resend``: safe to send again on a new socket (reads, idempotent appends), if the
-    node there speaks at least protocol version ``resend_from``; ``resent``: how many
-    times it was."""
+    """A request waiting for its answer: ``item``, the client message or its encoded
+    bytes. ``sent`` once it reached a transport; ``resend``: safe to send again on a
+    new socket (reads, idempotent appends), if the node there speaks at least protocol
+    version ``resend_from``; ``resent``: how many times it was."""
 
     __slots__ = (
         "append",
@@ -61,7 +65,7 @@ class Pending:
     def __init__(
         self,
         future: asyncio.Future[Any],
-        item: msgspec.Struct,
+        item: msgspec.Struct | bytes,
         append: bool,
         resend: bool,
         size: int = 0,
@@ -191,6 +195,8 @@ class PendingRequests:
             if not pending.held:
                 pending.resent += 1
             item = pending.item
+            if isinstance(item, bytes):  # encoded by its caller: the message it encodes
+                item = _decode(item)
             if hasattr(item, "wal"):
                 item = pending.item = msgspec.structs.replace(item, wal=handle)
             writer.send(_encode(item), pending.mark_sent if pending.append else None)
