@@ -39,7 +39,7 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Sequence
 from itertools import repeat
-from typing import Any, Final, TypeVar, cast, final
+from typing import Any, Final, TypeVar, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
@@ -105,6 +105,7 @@ class Dedup:
     __slots__ = (
         "_age_ticks",
         "_context",
+        "_held",
         "_max_keys",
         "_order",
         "_owners",
@@ -130,6 +131,10 @@ class Dedup:
         # may be claimed again later; its older entries come first).
         self._order: deque[_Key] = deque()
         self._stale: dict[_Key, int] = {}
+        # The keys a retry waits on (its owner's outcome), with how many wait: eviction
+        # stops at them, so that a key settled while the window is past its bound is
+        # still there for its waiters to read.
+        self._held: dict[_Key, int] = {}
         self._rebuild: asyncio.Task[None] | None = None
         self._owners: set[asyncio.Future[Any]] = set()
         #: How many keys the rebuild on open recovered from the log.
@@ -255,6 +260,36 @@ class Dedup:
             None if m.idempotency_key is None else _key(m.vchannel, m.idempotency_key)
             for m in messages
         ]
+        if None not in keys and self._rebuilt():  # the usual batch: keyed, every key new
+            entry = _Entry(self._bound().last_confirmed_id(), False)
+            new: list[_Key] = keys  # type: ignore[assignment]  # no None in it
+            size = len(window)
+            # Claimed in one probe per key, in C loops; a key already there keeps its
+            # slot, and the window grows by fewer than the batch.
+            deque(map(window.setdefault, new, repeat(entry)), maxlen=0)
+            if len(window) - size == len(new):
+                self._order.extend(new)
+                work = self._append_batch(keys, entry, list(messages), call_next)
+                return await self._own(entry, work)
+            for mine in new:  # a key known, or twice: unclaimed, and the batch goes below
+                if window.get(mine) is entry:
+                    del window[mine]
+        held: list[_Key] = []  # the keys waited on, held from eviction until read below
+        try:
+            return await self._keyed_batch_slowly(messages, keys, call_next, held)
+        finally:
+            self._unhold(held)
+
+    async def _keyed_batch_slowly(
+        self,
+        messages: Sequence[Message],
+        keys: list[_Key | None],
+        call_next: AppendBatchNext,
+        held: list[_Key],
+    ) -> list[AppendResult]:
+        """``_keyed_batch`` for a batch with a key that is not new (settled, in flight,
+        or twice in it) or without a key: the keys it waits on go to ``held``."""
+        window = self._window
         while True:
             if not self._rebuilt():
                 await self.wait_rebuilt()
@@ -262,23 +297,14 @@ class Dedup:
             waiting = [k for k in known if _in_flight(window[k])]
             if not waiting:
                 break  # and nothing awaits from here to the claims
+            self._hold(waiting)
+            held += waiting
             for busy in waiting:
                 await self._settled(busy, False)  # its owner's outcome, or a read of the log
         for settled in known:
             if type(window[settled]) is _Entry:
                 raise _kind_mismatch(settled, True)  # a settled transaction key
         entry = _Entry(self._bound().last_confirmed_id(), False)
-        if not known and None not in keys:  # the usual batch: keyed, every key new
-            new = cast(list[_Key], keys)
-            size = len(window)
-            window.update(zip(new, repeat(entry)))  # claimed, in C loops
-            if len(window) - size == len(new):  # and none twice
-                self._order.extend(new)
-                work = self._append_batch(keys, entry, list(messages), call_next)
-                return await self._own(entry, work)
-            for twice in new:  # a key twice: claimed again one by one below
-                if window.get(twice) is entry:
-                    del window[twice]
         batch: list[Message] = []
         claimed: list[_Key | None] = []  # the key of each message of ``batch``
         first: dict[_Key, int] = {}  # where each claimed key is in ``batch``
@@ -480,6 +506,14 @@ class Dedup:
         """The result ``key`` settled with; None if it is free (the caller may own it
         at once: nothing awaits between this returning None and the caller's claim)."""
         await self.wait_rebuilt()
+        self._hold((key,))
+        try:
+            return await self._settled_held(key, txn)
+        finally:
+            self._unhold((key,))
+
+    async def _settled_held(self, key: _Key, txn: bool) -> AppendResult | None:
+        """``_settled``, while ``key`` is held from eviction."""
         retried = False
         while True:
             slot = self._window.get(key)
@@ -594,6 +628,21 @@ class Dedup:
         assert self._context is not None, "appends wait for ready()"
         return self._context
 
+    def _hold(self, keys: Sequence[_Key]) -> None:
+        """Keep ``keys`` from eviction (until ``_unhold``)."""
+        held = self._held
+        for key in keys:
+            held[key] = held.get(key, 0) + 1
+
+    def _unhold(self, keys: Sequence[_Key]) -> None:
+        held = self._held
+        for key in keys:
+            count = held[key]
+            if count == 1:
+                del held[key]
+            else:
+                held[key] = count - 1
+
     def _release(self, key: _Key, entry: _Entry) -> None:
         """Forget ``key``, claimed under ``entry`` (its append wrote nothing)."""
         window = self._window
@@ -630,6 +679,7 @@ class Dedup:
         context = self._context
         horizon = (context.last_tick() if context is not None else 0) - self._age_ticks
         max_keys = self._max_keys
+        held = self._held
         while order:
             key = order[0]
             if stale:
@@ -641,15 +691,21 @@ class Dedup:
                     else:
                         stale[key] = count - 1
                     continue
+            if held and key in held:
+                break  # a retry waits to read it; the bound is met once it has
+            if len(window) > max_keys:  # dropped unless in flight: one probe for both
+                slot = window.pop(key)
+                if type(slot) is AppendResult or slot.result is not None:  # type: ignore[union-attr]
+                    order.popleft()
+                    continue
+                window[key] = slot  # in flight: the bound is met once it settles
+                break
             slot = window[key]
             result = slot if type(slot) is AppendResult else slot.result  # type: ignore[union-attr]
-            if result is None:
-                break  # the oldest is in flight; the bound is met once it settles
-            if len(window) > max_keys or result.timetick < horizon:
-                order.popleft()
-                del window[key]
-                continue
-            break
+            if result is None or result.timetick >= horizon:
+                break  # in flight, or young enough
+            order.popleft()
+            del window[key]
 
     async def aclose(self) -> None:
         """Stop the rebuild and wait for the owners still appending (their callers may

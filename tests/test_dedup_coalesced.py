@@ -342,3 +342,61 @@ async def test_a_chain_that_loses_a_result_is_read_from_the_log(tmp_path: Path) 
     where = {m.idempotency_key: m.message_id for m in log}
     assert [r.message_id for r in results] == [where[f"k{n}"] for n in range(PRODUCERS)]
     assert keys_in(log) == Counter(f"k{n}" for n in range(PRODUCERS))
+
+
+class HoldKey(BatchSizes):
+    """``BatchSizes`` that holds the appends of messages with idempotency key ``key``
+    until ``release`` is set."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+        self.release = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        await self._hold([message])
+        return await super().do_append(message, call_next)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        await self._hold(messages)
+        return await super().do_append_batch(messages, call_next)
+
+    async def _hold(self, messages: Sequence[Message]) -> None:
+        if any(m.idempotency_key == self.key for m in messages):
+            self.holding.set()
+            await self.release.wait()
+
+
+async def test_the_oldest_key_in_flight_holds_eviction_by_count_until_it_settles() -> None:
+    """A full window keeps its oldest key while that key's append is in flight, and
+    while retries wait for it: a retry (alone or in a batch) gets its result and never
+    appends it again (before, the key was evicted the moment it settled, and a retry
+    that had waited for it found it free and appended it a second time)."""
+    hold = HoldKey("a")
+    dedup = Dedup(max_keys=2)
+    chain = [*default_chain(sync_interval=None, dedup=dedup), hold]
+    async with await walsvc.open_wal(
+        f"memory://{uuid.uuid4().hex}", "p0", interceptors=chain
+    ) as wal:
+        await wal.append(keyed("warm"))
+        first = asyncio.ensure_future(wal.append(keyed("a")))
+        await hold.holding.wait()
+        for key in ("b", "c", "d"):
+            await wal.append(keyed(key))
+        assert len(dedup) == 4  # "warm" evicted; "a" in flight holds "b", "c" and "d"
+        retry = asyncio.ensure_future(wal.append(keyed("a")))
+        batch = asyncio.ensure_future(wal.append_many([keyed("a"), keyed("f")]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not retry.done() and not batch.done()  # they wait for the append in flight
+        hold.release.set()
+        async with asyncio.timeout(10):
+            assert await retry == await first
+            assert (await batch)[0] == await first
+        await wal.append_many([keyed("e")])
+        assert len(dedup) == 2  # the keys past the bound evicted once nobody waited
+        log = await log_of(wal)
+    assert keys_in(log) == Counter(["a", "b", "c", "d", "e", "f"])
