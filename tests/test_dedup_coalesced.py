@@ -391,7 +391,8 @@ async def test_the_oldest_key_in_flight_holds_eviction_by_count_until_it_settles
         batch = asyncio.ensure_future(wal.append_many([keyed("a"), keyed("f")]))
         for _ in range(5):
             await asyncio.sleep(0)
-        assert not retry.done() and not batch.done()  # they wait for the append in flight
+        assert not retry.done()  # it waits for the append in flight
+        assert not batch.done()  # so does the batch
         hold.release.set()
         async with asyncio.timeout(10):
             assert await retry == await first
