@@ -3,9 +3,11 @@
 PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-# The compiled modules' sources: the editable install compiles them in place.
+# The compiled modules' sources (and the header two of them share): the editable install
+# compiles them in place.
 C_SOURCES := walsvc/core/_speedups.c walsvc/backends/_kafka/_cbatches.c \
-	walsvc/backends/_file/_ccommit.c walsvc/service/_cwire.c walsvc/remote/_cclient.c
+	walsvc/backends/_file/_ccommit.c walsvc/service/_cwire.c walsvc/remote/_cclient.c \
+	walsvc/_cmsgpack.h
 
 .DEFAULT_GOAL := test
 .PHONY: run test lint typecheck pytest soak bench bench-quick clean

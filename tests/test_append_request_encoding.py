@@ -16,12 +16,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from _chain_support import whole_log
 from _tcp_proxy import TcpProxy
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 import walsvc
-from walsvc import DeliverPolicy, Message, MessageType
+from walsvc import Message, MessageType
 from walsvc.backends._file._ids import FileMessageId
 from walsvc.backends._kafka._ids import KafkaMessageId
 from walsvc.backends._memory import MemoryMessageId
@@ -608,19 +609,8 @@ def _pchannel() -> str:
 
 
 async def _landed(node: str, pchannel: str) -> list[walsvc.ImmutableMessage]:
-    """Every message of ``pchannel``, read straight from the node (no proxy)."""
-    async with await walsvc.open_wal(node, pchannel, read_only=True) as wal:
-        latest = await wal.latest_message_id()
-        found: list[walsvc.ImmutableMessage] = []
-        if latest is None:
-            return found
-        async with asyncio.timeout(30), wal.read(DeliverPolicy.all(), timeticks=True) as scanner:
-            async for message in scanner:
-                if message.type != MessageType.TIME_TICK:
-                    found.append(message)
-                if message.message_id == latest:
-                    break
-        return found
+    """The messages ``pchannel`` stores but TimeTicks, read straight from the node."""
+    return [m for m in await whole_log(node, pchannel) if m.type is not MessageType.TIME_TICK]
 
 
 async def test_a_compiled_append_is_resent_after_a_reconnect_with_its_producer_keys(

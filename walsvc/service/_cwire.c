@@ -79,6 +79,8 @@
 #include <string.h>
 #include <structmember.h>
 
+#include "../_cmsgpack.h"
+
 /* ImmutableMessage's fields, in WireDelivered's order where they map one to one. */
 enum {
     M_ID,
@@ -133,30 +135,6 @@ static Py_ssize_t max_vchannel_bytes;
 #define WIRE_FIELDS 13
 #define APPENDED_TAG 23
 #define RESULT_FIELDS 3
-
-static PyObject *
-slot(PyObject *object, Py_ssize_t offset)
-{
-    return *(PyObject **)((char *)object + offset);
-}
-
-/* The offset of `cls`'s field `name`, or -1 (no exception) if it is not an object slot,
- * or -2 with an exception set. */
-static Py_ssize_t
-offset_of(PyObject *cls, const char *name)
-{
-    PyObject *descr = PyObject_GetAttrString(cls, name);
-    if (descr == NULL) {
-        return -2;
-    }
-    Py_ssize_t offset = -1;
-    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-        ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX) {
-        offset = ((PyMemberDescrObject *)descr)->d_member->offset;
-    }
-    Py_DECREF(descr);
-    return offset;
-}
 
 /* True if `cls` is a Struct whose instances hold exactly its `count` field slots:
  * nothing that messages_of would leave unset (a __dict__, a weakref list, a cached hash,
@@ -244,181 +222,6 @@ bind(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(type_type, (PyTypeObject *)Py_NewRef(type_cls));
     Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(message_cls)); /* last: "bound" */
     Py_RETURN_TRUE;
-}
-
-/* -- the output buffer ------------------------------------------------------------------ */
-
-typedef struct {
-    char *data;
-    Py_ssize_t size, capacity;
-} Buffer;
-
-/* Room for `more` bytes; 0, or -1 with MemoryError set. */
-static int
-reserve(Buffer *b, Py_ssize_t more)
-{
-    if (b->size + more <= b->capacity) {
-        return 0;
-    }
-    Py_ssize_t capacity = b->capacity * 2;
-    if (capacity < b->size + more) {
-        capacity = b->size + more;
-    }
-    char *data = PyMem_Realloc(b->data, (size_t)capacity);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    b->data = data;
-    b->capacity = capacity;
-    return 0;
-}
-
-static int
-put_bytes(Buffer *b, const void *bytes, Py_ssize_t n)
-{
-    if (reserve(b, n) < 0) {
-        return -1;
-    }
-    memcpy(b->data + b->size, bytes, (size_t)n);
-    b->size += n;
-    return 0;
-}
-
-/* A msgpack marker byte followed by `width` big-endian bytes of `value`. */
-static int
-put_be(Buffer *b, unsigned char marker, uint64_t value, int width)
-{
-    if (reserve(b, 1 + width) < 0) {
-        return -1;
-    }
-    unsigned char *p = (unsigned char *)b->data + b->size;
-    p[0] = marker;
-    for (int i = 0; i < width; i++) {
-        p[1 + i] = (unsigned char)(value >> (8 * (width - 1 - i)));
-    }
-    b->size += 1 + width;
-    return 0;
-}
-
-static int
-put_byte(Buffer *b, unsigned char byte)
-{
-    return put_bytes(b, &byte, 1);
-}
-
-/* A header as msgpack's smallest form: `fix` ORed with n below `fix_limit`, else the 8-,
- * 16- or 32-bit marker (m8 0 when the format has no 8-bit length). */
-static int
-put_header(Buffer *b, Py_ssize_t n, unsigned char fix, Py_ssize_t fix_limit, unsigned char m8,
-           unsigned char m16, unsigned char m32)
-{
-    if (n < fix_limit) {
-        return put_byte(b, (unsigned char)(fix | n));
-    }
-    if (m8 != 0 && n < 256) {
-        return put_be(b, m8, (uint64_t)n, 1);
-    }
-    if (n < 65536) {
-        return put_be(b, m16, (uint64_t)n, 2);
-    }
-    if ((uint64_t)n > UINT32_MAX) {
-        return 1; /* msgpack cannot hold it: not taken */
-    }
-    return put_be(b, m32, (uint64_t)n, 4);
-}
-
-static int
-put_array(Buffer *b, Py_ssize_t n)
-{
-    return put_header(b, n, 0x90, 16, 0, 0xdc, 0xdd);
-}
-
-/* 0 written, 1 not taken (not an exact int, or outside 64 bits), -1 error. */
-static int
-put_int(Buffer *b, PyObject *value)
-{
-    if (!PyLong_Check(value) || PyBool_Check(value)) {
-        return 1; /* msgspec writes a bool as one, not as an int */
-    }
-    int overflow;
-    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (overflow > 0) {
-        unsigned long long u = PyLong_AsUnsignedLongLong(value);
-        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return 1;
-        }
-        return put_be(b, 0xcf, u, 8);
-    }
-    if (overflow < 0) {
-        return 1;
-    }
-    if (v == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (v >= 0) {
-        if (v < 128) {
-            return put_byte(b, (unsigned char)v);
-        }
-        if (v < 256) {
-            return put_be(b, 0xcc, (uint64_t)v, 1);
-        }
-        if (v < 65536) {
-            return put_be(b, 0xcd, (uint64_t)v, 2);
-        }
-        if (v <= (long long)UINT32_MAX) {
-            return put_be(b, 0xce, (uint64_t)v, 4);
-        }
-        return put_be(b, 0xcf, (uint64_t)v, 8);
-    }
-    if (v >= -32) {
-        return put_byte(b, (unsigned char)(0xe0 | (v + 32)));
-    }
-    if (v >= INT8_MIN) {
-        return put_be(b, 0xd0, (uint64_t)v, 1);
-    }
-    if (v >= INT16_MIN) {
-        return put_be(b, 0xd1, (uint64_t)v, 2);
-    }
-    if (v >= INT32_MIN) {
-        return put_be(b, 0xd2, (uint64_t)v, 4);
-    }
-    return put_be(b, 0xd3, (uint64_t)v, 8);
-}
-
-static int
-put_str_utf8(Buffer *b, const char *text, Py_ssize_t n)
-{
-    int status = put_header(b, n, 0xa0, 32, 0xd9, 0xda, 0xdb);
-    return status != 0 ? status : put_bytes(b, text, n);
-}
-
-/* 0 written, 1 not taken (not an exact str, or not UTF-8 encodable), -1 error. */
-static int
-put_str(Buffer *b, PyObject *value)
-{
-    if (!PyUnicode_CheckExact(value)) {
-        return 1;
-    }
-    Py_ssize_t n;
-    const char *text = PyUnicode_AsUTF8AndSize(value, &n);
-    if (text == NULL) {
-        PyErr_Clear();
-        return 1;
-    }
-    return put_str_utf8(b, text, n);
-}
-
-static int
-put_bin(Buffer *b, PyObject *value)
-{
-    if (!PyBytes_CheckExact(value)) {
-        return 1;
-    }
-    Py_ssize_t n = PyBytes_GET_SIZE(value);
-    int status = put_header(b, n, 0, 0, 0xc4, 0xc5, 0xc6);
-    return status != 0 ? status : put_bytes(b, PyBytes_AS_STRING(value), n);
 }
 
 /* "00" to "99": the decimal digits of a number are written two at a time. */
@@ -692,7 +495,7 @@ encode_delivered(PyObject *Py_UNUSED(module), PyObject *args)
         Py_RETURN_NONE;
     }
     Py_ssize_t n = PyList_GET_SIZE(messages);
-    Buffer b = {NULL, 0, 0};
+    Buffer b = EMPTY_BUFFER;
     int s = reserve(&b, 64 + n * 256);
     if (s == 0) {
         s = put_array(&b, 3);
@@ -712,12 +515,12 @@ encode_delivered(PyObject *Py_UNUSED(module), PyObject *args)
     }
     PyObject *result = NULL;
     if (s == 0) {
-        result = PyBytes_FromStringAndSize(b.data, b.size);
+        result = copy_out(&b);
     }
     else if (s > 0) {
         result = Py_NewRef(Py_None);
     }
-    PyMem_Free(b.data);
+    discard(&b);
     return result;
 }
 
@@ -775,7 +578,7 @@ encode_appended(PyObject *Py_UNUSED(module), PyObject *args)
         Py_RETURN_NONE;
     }
     Py_ssize_t n = PyList_GET_SIZE(results);
-    Buffer b = {NULL, 0, 0};
+    Buffer b = EMPTY_BUFFER;
     int s = reserve(&b, 16 + n * 48);
     if (s == 0) {
         s = put_appended_head(&b, request, n);
@@ -786,12 +589,12 @@ encode_appended(PyObject *Py_UNUSED(module), PyObject *args)
     }
     PyObject *encoded = NULL;
     if (s == 0) {
-        encoded = PyBytes_FromStringAndSize(b.data, b.size);
+        encoded = copy_out(&b);
     }
     else if (s > 0) {
         encoded = Py_NewRef(Py_None);
     }
-    PyMem_Free(b.data);
+    discard(&b);
     return encoded;
 }
 
@@ -815,7 +618,7 @@ encode_appended_each(PyObject *Py_UNUSED(module), PyObject *args)
     if (answers == NULL) {
         return NULL;
     }
-    Buffer b = {NULL, 0, 0};
+    Buffer b = EMPTY_BUFFER;
     int s = reserve(&b, 256);
     Ids ids = {schemes, NULL, NULL, NULL, 0, {0}};
     for (Py_ssize_t i = 0; s == 0 && i < n; i++) {
@@ -830,7 +633,7 @@ encode_appended_each(PyObject *Py_UNUSED(module), PyObject *args)
             s = put_result(&b, outcome, &ids);
         }
         if (s == 0) {
-            PyObject *answer = PyBytes_FromStringAndSize(b.data, b.size);
+            PyObject *answer = copy_out(&b);
             if (answer == NULL) {
                 s = -1;
             }
@@ -839,7 +642,7 @@ encode_appended_each(PyObject *Py_UNUSED(module), PyObject *args)
             }
         }
     }
-    PyMem_Free(b.data);
+    discard(&b);
     if (s != 0) {
         Py_DECREF(answers);
         return s > 0 ? Py_NewRef(Py_None) : NULL;
