@@ -8,7 +8,10 @@ in flight), a rollback or nothing; some have a short keepalive. Each round a sch
 picks, at random moments: resets of every connection; answers held back and then the
 connection reset (the calls landed, their answers are lost); both directions held until
 the heartbeat gives up on the link; the node out of reach for a while; ``kill -9`` of
-the node and a new node on the same log behind the same address.
+the node and a new node on the same log behind the same address. Two durable
+subscriptions are read meanwhile, one of every vchannel and one of vchannel "v" alone
+(a third of the plain producers write "w"): readers of each, one after another, take a
+few messages, acknowledge some and close.
 
 After every round, against the log read back directly: every acknowledged append is in
 the log exactly once, at the id its acknowledgement named; an append whose caller gave
@@ -20,10 +23,15 @@ one whose commit's outcome was not learned (a deadline, ``AppendOutcomeUnknown``
 wholly there once or wholly absent; no transaction call was
 applied twice (the raw log holds each body message at most once and each transaction
 ends at most once); the consumer received the log from its start, in order, with no gap
-and no duplicate. Plain appends raise nothing (the node is never out of reach for
-``reconnect_timeout``); a transaction call raises only the errors documented for what
-a fault can do to it, and which ones did is recorded. ``WALSVC_SOAK=N`` runs N times as
-many rounds; ``WALSVC_TEST_SEED`` pins the seed of the first round.
+and no duplicate; each subscription reader received a run of its subscription's share of
+the log, with no gap and no duplicate, from where the checkpoint was: just after its
+predecessor's last ack if that one closed cleanly, else anywhere from where its
+predecessor started to just after that ack (an ack lost with a link or a killed node may
+be delivered again, a message is never skipped). Plain appends raise nothing (the node
+is never out of reach for ``reconnect_timeout``); a transaction call raises only the
+errors documented for what a fault can do to it, and which ones did is recorded.
+``WALSVC_SOAK=N`` runs N times as many rounds; ``WALSVC_TEST_SEED`` pins the seed of the
+first round.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import pytest
 from _node_process import node_process
 from _tcp_proxy import TcpProxy
 
+import scanners
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 
@@ -409,12 +418,14 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
     reader = await walsvc.open_wal(url, pchannel, read_only=True, window_messages=64, **options)
     subscriber = await walsvc.open_wal(url, pchannel, read_only=True, **options)
     seen: list[walsvc.ImmutableMessage] = []
-    sessions: list[_Session] = []
+    sessions: list[_Session] = []  # of the subscription of every vchannel
+    filtered: list[_Session] = []  # of the subscription of vchannel "v"
     stop = asyncio.Event()
 
     async def produce(producer: int) -> None:
         wal = wals[producer % len(wals)]
         local = random.Random(seed * 1000 + producer)
+        vchannel = "w" if producer % 3 == 2 else "v"  # "v" alone is what the filter keeps
         i = 0
         while not stop.is_set():
             payload = b"%d-%d" % (producer, i)
@@ -424,13 +435,13 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
                     if local.random() < 0.2:
                         batch = [payload + b"/%d" % k for k in range(3)]
                         results = await wal.append_many(
-                            [Message(payload=p, vchannel="v") for p in batch]
+                            [Message(payload=p, vchannel=vchannel) for p in batch]
                         )
                         acknowledged.update(
                             (p, r.message_id) for p, r in zip(batch, results, strict=True)
                         )
                     else:
-                        result = await wal.append(Message(payload=payload, vchannel="v"))
+                        result = await wal.append(Message(payload=payload, vchannel=vchannel))
                         acknowledged[payload] = result.message_id
             except TimeoutError:
                 if not deadline.expired():
@@ -453,14 +464,14 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
         async for message in reader.read(DeliverPolicy.all()):
             seen.append(message)  # noqa: PERF401 (seen is watched while it grows)
 
-    async def subscribe() -> None:
+    async def subscribe(name: str, filters: list[walsvc.Filter], sessions: list[_Session]) -> None:
         """Readers of one subscription, one after another: each takes a few messages,
         acknowledges some of them, and closes."""
-        local = random.Random(seed * 1000 + PRODUCERS + TXN_PRODUCERS)
+        local = random.Random(f"{seed}/{name}")
         while not stop.is_set():
             session = _Session()
             sessions.append(session)
-            scanner = subscriber.read(DeliverPolicy.all(), subscription="schedule")
+            scanner = subscriber.read(DeliverPolicy.all(), filters, subscription=name)
             try:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(local.uniform(0.02, 0.25)):
@@ -483,7 +494,8 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
     producers = asyncio.gather(
         *(produce(p) for p in range(PRODUCERS)),
         *(produce_txns(p) for p in range(TXN_PRODUCERS)),
-        subscribe(),
+        subscribe("schedule", [], sessions),
+        subscribe("schedule-v", [scanners.vchannel("v")], filtered),
     )
     await asyncio.sleep(ROUND_SECONDS)
     stop.set()
@@ -539,9 +551,13 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
     assert not invented, f"{context}: in the log, never appended: {sorted(invented)[:5]}"
     _check_txns(context, runs, log, raw)
     outcomes.update(
-        "subscriber: clean" if s.clean else f"subscriber: {s.error!r}"[:120] for s in sessions
+        "subscriber: clean" if s.clean else f"subscriber: {s.error!r}"[:120]
+        for s in sessions + filtered
     )
+    outcomes["subscription: received"] += sum(len(s.received) for s in sessions)
+    outcomes["subscription v: received"] += sum(len(s.received) for s in filtered)
     _check_subscription(context, sessions, log)
+    _check_subscription(f"{context}, vchannel v", filtered, [m for m in log if m.vchannel == "v"])
     # the consumer received every acknowledged append and transaction, and its messages
     # are the log's, in order, from the start: no gap, no repeat
     if consumer.done() and not consumer.cancelled():
@@ -564,3 +580,5 @@ async def test_acknowledged_appends_and_transactions_survive_a_seeded_schedule_o
     # the schedule checked transactions that committed and ones that rolled back
     assert outcomes["txn committed"], outcomes
     assert outcomes["txn rolled back"], outcomes
+    assert outcomes["subscription: received"], outcomes
+    assert outcomes["subscription v: received"], outcomes
