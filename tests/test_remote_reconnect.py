@@ -423,10 +423,7 @@ async def test_an_ack_lost_with_its_connection_is_sent_again_on_resume(
             assert [m.payload for m in more] == [b"b0", b"b1", b"b2"]
             assert reader.connection.reconnects >= 1
             await scanner.aclose()  # the node writes the checkpoint it knows
-        async with asyncio.timeout(30):
-            again = writer.read(DeliverPolicy.all(), subscription="lost-ack")
-            (next_one,) = await take(again, 1)
-            await again.aclose()
+        next_one = await _next_reader_starts_at(writer, "lost-ack")
         assert next_one.payload == b"b0"
 
 
@@ -455,10 +452,7 @@ async def test_an_ack_lost_with_the_close_that_followed_it_is_written_on_the_nex
                 await asyncio.sleep(0)
             assert tcp.cut() == 1  # both are lost in the proxy
             await closing
-        async with asyncio.timeout(30):
-            again = writer.read(DeliverPolicy.all(), subscription="lost-close")
-            (next_one,) = await take(again, 1)
-            await again.aclose()
+        next_one = await _next_reader_starts_at(writer, "lost-close")
         assert next_one.payload == b"a5"
 
 
@@ -485,10 +479,7 @@ async def test_a_subscription_resumed_before_its_first_ack_keeps_what_was_not_ac
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.2)  # the writer's idle ticks (every 10 ms) reach the stream
             await scanner.aclose()
-        async with asyncio.timeout(30):
-            again = writer.read(DeliverPolicy.all(), subscription="unacked")
-            (first,) = await take(again, 1)
-            await again.aclose()
+        first = await _next_reader_starts_at(writer, "unacked")
         assert first.payload == b"a0"
 
 
@@ -522,6 +513,16 @@ async def test_a_resumed_reader_sees_a_transaction_that_was_open_at_its_last_mes
         assert [m.message_id for m in await take(scanner, 1)] == [after.message_id]
         await scanner.aclose()
         assert reader.connection.reconnects == 1
+
+
+async def _next_reader_starts_at(wal: walsvc.WAL, subscription: str) -> walsvc.ImmutableMessage:
+    """The first message a new reader of ``subscription`` gets (then it closes)."""
+    async with (
+        asyncio.timeout(30),
+        wal.read(DeliverPolicy.all(), subscription=subscription) as again,
+    ):
+        (first,) = await take(again, 1)
+    return first
 
 
 async def _stored(node: str, pchannel: str) -> list[walsvc.ImmutableMessage]:
