@@ -11,7 +11,8 @@ same bytes)."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -133,6 +134,8 @@ compiled: Final = _cwire is not None and _cwire.bind(
     MessageType,
     _MAX_VCHANNEL_BYTES,
 )
+_T = TypeVar("_T")
+
 #: The id classes the compiled path marshals, with their text prefix ("file:"): every
 #: ``SequenceMessageId`` class met that marshals as it does.
 _schemes: dict[type, bytes] = {}
@@ -142,9 +145,8 @@ def encode_delivered(stream: int, messages: list[ImmutableMessage]) -> bytes:
     """The frame item ``Delivered(stream, [wire_delivered(m) for m in messages])``, as
     ``encode`` makes it (raising what it raises)."""
     if compiled:
-        data = _cwire.encode_delivered(stream, messages, _schemes)
-        if data is None and messages and _learn_ids(messages[0]):
-            data = _cwire.encode_delivered(stream, messages, _schemes)
+        first = messages[0] if messages else None
+        data = _learning_ids(lambda: _cwire.encode_delivered(stream, messages, _schemes), first)
         if data is not None:
             return data
     return encode(Delivered(stream, [wire_delivered(m) for m in messages]))
@@ -154,9 +156,8 @@ def encode_appended(request: int, results: list[AppendResult]) -> bytes:
     """The frame item ``Appended(request, [wire_result(r) for r in results])``, as
     ``encode`` makes it (raising what it raises)."""
     if compiled:
-        data = _cwire.encode_appended(request, results, _schemes)
-        if data is None and results and _learn_ids(results[0]):
-            data = _cwire.encode_appended(request, results, _schemes)
+        first = results[0] if results else None
+        data = _learning_ids(lambda: _cwire.encode_appended(request, results, _schemes), first)
         if data is not None:
             return data
     return encode(Appended(request, [wire_result(r) for r in results]))
@@ -167,11 +168,10 @@ def encode_appended_each(requests: list[int], outcomes: list[Outcome]) -> list[b
     ``Appended(request, [wire_result(outcome)])`` as ``encode`` makes it if the outcome
     is an ``AppendResult`` (exactly), else None (the request failed with that error)."""
     if compiled:
-        answers = _cwire.encode_appended_each(requests, outcomes, _schemes)
-        if answers is None:
-            first = next((o for o in outcomes if type(o) is AppendResult), None)
-            if first is not None and _learn_ids(first):
-                answers = _cwire.encode_appended_each(requests, outcomes, _schemes)
+        answers = _learning_ids(
+            lambda: _cwire.encode_appended_each(requests, outcomes, _schemes),
+            lambda: next((o for o in outcomes if type(o) is AppendResult), None),
+        )
         if answers is not None:
             return answers
     return [
@@ -208,6 +208,22 @@ def _learn_types(wires: list[WireMessage]) -> bool:
             _TYPES[number] = MessageType(number)
             learned = True
     return learned
+
+
+def _learning_ids(
+    compiled_call: Callable[[], _T | None],
+    first: ImmutableMessage | AppendResult | Callable[[], AppendResult | None] | None,
+) -> _T | None:
+    """``compiled_call()``; if it declined (None), learn the id classes of ``first`` (the
+    batch's first message or result, or a call that finds it: found only then) and, if
+    one was new, call once more."""
+    data = compiled_call()
+    if data is None:
+        if callable(first):
+            first = first()
+        if first is not None and _learn_ids(first):
+            data = compiled_call()
+    return data
 
 
 def _learn_ids(item: ImmutableMessage | AppendResult) -> bool:
