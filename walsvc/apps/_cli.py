@@ -11,7 +11,9 @@ Exit status: 0 when everything verified, 1 when a check failed, 2 for bad usage 
 ``walsvc flush`` runs the flush job WAL -> Parquet on Spark (see ``_flush_command``);
 ``walsvc check`` verifies and repairs a local log (see ``_check_command``); ``walsvc
 serve`` runs a node and ``walsvc status`` shows what one does (``_serve_command``,
-``_status_command``).
+``_status_command``); ``walsvc tail`` prints a pchannel's messages and follows it, and
+``walsvc inspect`` reports what a pchannel holds (``_tail_command``,
+``_inspect_command``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ from walsvc.wal._open import open_wal
 from ._check_command import add_check_parser, run_check_command
 from ._cli_args import UsageError, event_loop, int_at_least
 from ._flush_command import add_flush_parser, run_flush_command
+from ._inspect_command import add_inspect_parser, run_inspect_command
 from ._serve_command import add_serve_parser, run_serve_command
 from ._status_command import add_status_parser, run_status_command
+from ._tail_command import add_tail_parser, run_tail_command
 
 __all__ = ("main",)
 
@@ -103,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_serve_command(args)
     if args.command == "status":
         return run_status_command(args)
+    if args.command == "tail":
+        return run_tail_command(args)
+    if args.command == "inspect":
+        return run_inspect_command(args)
     options = _DemoOptions(
         url=args.url,
         pchannel=args.pchannel,
@@ -179,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     add_check_parser(commands)
     add_serve_parser(commands)
     add_status_parser(commands)
+    add_tail_parser(commands)
+    add_inspect_parser(commands)
     return parser
 
 

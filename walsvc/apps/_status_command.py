@@ -25,9 +25,15 @@ from walsvc.core._errors import BackendUnavailable, WALError
 from walsvc.remote._node_status import NodeLimits, NodeStatus
 from walsvc.remote._status import fetch_status
 
-from ._cli_args import UsageError, bearer_token, event_loop
+from ._cli_args import UsageError, add_node_options, bearer_token, event_loop, tls_context
 
-__all__ = ("add_status_parser", "format_status", "run_status_command")
+__all__ = (
+    "add_status_parser",
+    "format_size",
+    "format_status",
+    "format_table",
+    "run_status_command",
+)
 
 
 def add_status_parser(commands: Any) -> None:
@@ -42,30 +48,13 @@ def add_status_parser(commands: Any) -> None:
     )
     parser.add_argument("url", help="the node, walsvc://host:port")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--token-file", help="the node's token is this file's first line")
-    parser.add_argument("--tls-ca", help="speak TLS, trusting the node's certificate to this CA")
-    parser.add_argument("--tls-cert", help="speak TLS with this client certificate (PEM)")
-    parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    add_node_options(parser)
     parser.add_argument(
         "--timeout",
         type=float,
         default=10.0,
         help="seconds to wait for the node's answer (%(default)s)",
     )
-
-
-def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if args.tls_ca is None and args.tls_cert is None:
-        if args.tls_key is not None:
-            raise UsageError("--tls-key needs --tls-cert")
-        return None
-    try:
-        context = ssl.create_default_context(cafile=args.tls_ca)
-        if args.tls_cert is not None:
-            context.load_cert_chain(args.tls_cert, args.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"cannot load the TLS certificates: {exc}") from exc
-    return context
 
 
 async def _fetch(
@@ -82,7 +71,7 @@ def run_status_command(args: argparse.Namespace) -> int:
     """Run ``walsvc status``; return the exit status (2 if the node cannot be asked)."""
     loop_factory, _ = event_loop()
     try:
-        token, tls = bearer_token(args.token_file), _tls(args)
+        token, tls = bearer_token(args.token_file), tls_context(args)
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             status = runner.run(_fetch(args.url, token, tls, args.timeout))
     except (WALError, UsageError) as exc:
@@ -95,7 +84,8 @@ def run_status_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """``rows`` under ``header`` as aligned, indented lines ("(none)" without rows)."""
     if not rows:
         return ["  (none)"]
     cells = [list(header), *([str(cell) for cell in row] for row in rows)]
@@ -106,7 +96,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     ]
 
 
-def _size(count: int) -> str:
+def format_size(count: int) -> str:
+    """``count`` bytes, in B, KiB, MiB or GiB."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if abs(count) >= 1 << shift:
             return f"{count / (1 << shift):.1f} {unit}"
@@ -128,8 +119,8 @@ def _duration(seconds: float) -> str:
 def _limits(limits: NodeLimits) -> str:
     idle = "never" if limits.idle_timeout is None else f"{limits.idle_timeout:g} s"
     return (
-        f"queue {_size(limits.send_queue_bytes)} per peer, stall {limits.stall_timeout:g} s,"
-        f" in flight {limits.max_in_flight} / {_size(limits.max_in_flight_bytes)},"
+        f"queue {format_size(limits.send_queue_bytes)} per peer, stall {limits.stall_timeout:g} s,"
+        f" in flight {limits.max_in_flight} / {format_size(limits.max_in_flight_bytes)},"
         f" frame {limits.frame_timeout:g} s, idle {idle},"
         f" handshake {limits.handshake_timeout:g} s"
     )
@@ -149,7 +140,7 @@ def format_status(status: NodeStatus) -> str:
         "",
         "pchannels",
     ]
-    lines += _table(
+    lines += format_table(
         ("PCHANNEL", "TERM", "LAST TIMETICK", "LATEST ID", "HANDLES"),
         [
             (p.pchannel, p.term, p.last_timetick, p.latest_message_id or "-", p.handles)
@@ -158,7 +149,7 @@ def format_status(status: NodeStatus) -> str:
     )
     now = status.started_at + status.uptime
     lines += ["", "connections"]
-    lines += _table(
+    lines += format_table(
         (
             "CONN",
             "PEER",
@@ -178,7 +169,7 @@ def format_status(status: NodeStatus) -> str:
                 f"{_duration(now - c.connected_at)} ago",
                 ",".join(f"{h.pchannel}{' (ro)' if h.read_only else ''}" for h in c.handles) or "-",
                 c.in_flight,
-                _size(c.queued_bytes),
+                format_size(c.queued_bytes),
                 "paused" if c.reading_paused else "yes",
                 len(c.streams),
             )
@@ -191,7 +182,7 @@ def format_status(status: NodeStatus) -> str:
             " a status answer holds what fits in one frame"
         )
     lines += ["", "streams"]
-    lines += _table(
+    lines += format_table(
         ("CONN", "STREAM", "PCHANNEL", "DELIVER", "FILTER", "DELIVERED", "CREDIT", "WAITING"),
         [
             (
@@ -201,7 +192,7 @@ def format_status(status: NodeStatus) -> str:
                 s.deliver,
                 s.filter,
                 s.delivered,
-                f"{s.credit_messages} msgs / {_size(s.credit_bytes)}",
+                f"{s.credit_messages} msgs / {format_size(s.credit_bytes)}",
                 "credit" if s.waiting_for_credit else "send" if s.waiting_for_send else "-",
             )
             for c in status.connections

@@ -19,7 +19,7 @@ import asyncio
 import errno
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, NamedTuple, TypeVar, final
 
 from walsvc.backends._base import Backend, BackendScanner
 from walsvc.backends._identity import this_writer
@@ -43,14 +43,35 @@ from ._scanner import FileRunScanner, FileScanner
 from ._seek import record_before_timetick
 from ._subscriptions import FileSubscriptionStore
 from ._writer import GroupCommitWriter
-from ._writer_note import write_writer_note
+from ._writer_note import read_writer_note, write_writer_note
 
 _S = TypeVar("_S", bound=FileScanner)
 
-__all__ = ("FileBackend",)
+__all__ = ("FileBackend", "FileLayout", "SegmentFile")
 
 _DEFAULT_SEGMENT_SIZE: Final = 64 * 1024 * 1024
 _LOCK_RETRY_SECONDS: Final = 0.002
+
+
+class SegmentFile(NamedTuple):
+    """One segment file of a pchannel: its first record's sequence number, path and
+    size in bytes (the newest segment's size includes its zero-filled runway)."""
+
+    first_seq: int
+    path: str
+    size: int
+
+
+class FileLayout(NamedTuple):
+    """What a pchannel directory holds (``FileBackend.layout``): its path, what the head
+    file says (writer term, durable end, first retained record, last timetick), the
+    segment files, oldest first, and who opened it with the head's term, as its writer
+    note says (None if the note does not say)."""
+
+    path: str
+    head: HeadState
+    segments: tuple[SegmentFile, ...]
+    writer: str | None
 
 
 @final
@@ -184,6 +205,17 @@ class FileBackend(Backend):
             self._subscriptions = FileSubscriptionStore(self.directory.path)
         return self._subscriptions
 
+    async def layout(self) -> FileLayout:
+        """The pchannel's head and segment files, for tools (``walsvc inspect``). Lists
+        the directory and stats each segment in a worker thread; reads no record."""
+        if self._closed:
+            raise WALClosed(f"file WAL {self.directory.path} is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(None, _layout_of, self.directory)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot read file WAL {self.directory.path}: {exc}") from exc
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -193,6 +225,20 @@ class FileBackend(Backend):
         if self._writer is not None:
             await self._writer.aclose()
         self.directory.head.close()
+
+
+def _layout_of(directory: LogDirectory) -> FileLayout:
+    head = directory.head.read()
+    segments = []
+    for first_seq in directory.segments():
+        path = directory.segment_path(first_seq)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:  # truncation deleted it meanwhile
+            continue
+        segments.append(SegmentFile(first_seq, path, size))
+    writer = read_writer_note(directory.path, head.term)
+    return FileLayout(directory.path, head, tuple(segments), writer)
 
 
 def _open_directory(location: str, pchannel: str, *, read_only: bool) -> LogDirectory:
