@@ -17,7 +17,8 @@ Opens the log read-only and reports:
   after the checkpoint, of every vchannel, TimeTicks included) where ids are sequence
   numbers;
 - the routing (``walsvc.node``): the newest version stored in the ``walsvc.routing``
-  pchannel of the same log, or "none" when there is none;
+  pchannel of the same log, or "none" when there is none (not looked up on
+  ``pulsar://``, where a lookup may create the topic: "unknown");
 - ``walsvc://``: the node (version, the log it serves, uptime) and what it says about
   the pchannel (its writer's term, last timetick, handles, streams), from the status
   request ``walsvc status`` makes. What the node does not report (segments,
@@ -341,7 +342,10 @@ async def _lag(
 
 async def _routing(url: str, options: dict[str, Any]) -> dict[str, Any] | str | None:
     """The newest routing version stored with the log: a dict, None when there is
-    none, or "unknown" when it cannot be read."""
+    none, or "unknown" when it cannot be read, or is not looked up: on pulsar://,
+    where looking a topic up may create it."""
+    if url.startswith("pulsar://"):
+        return _UNKNOWN
     try:
         meta = await open_wal(url, ROUTING_PCHANNEL, read_only=True, **options)
     except InvalidArgument:
@@ -495,6 +499,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"routing    {_UNKNOWN} (the node does not report it)")
     elif routing is None:
         lines.append(f"routing    none (no routing stored in {ROUTING_PCHANNEL})")
+    elif routing == _UNKNOWN and report["url"].startswith("pulsar://"):
+        lines.append(
+            f"routing    {_UNKNOWN} (not looked up: a lookup of {ROUTING_PCHANNEL} may create"
+            " its topic)"
+        )
     elif routing == _UNKNOWN:
         lines.append(f"routing    {_UNKNOWN} ({ROUTING_PCHANNEL} could not be read)")
     else:

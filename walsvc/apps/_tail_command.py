@@ -52,6 +52,9 @@ __all__ = ("add_tail_parser", "message_line", "parse_type", "run_tail_command")
 #: How often ``--no-follow`` asks the scanner how far it read while it waits: the last
 #: records of the log may all be ones its filter drops.
 _POLL_S: Final = 0.05
+#: ``--no-follow``: a reader that neither delivers nor moves this long is at the end
+#: (``--timeout`` sets another spell, counted in messages delivered).
+_NO_POSITION_QUIET_S: Final = 2.0
 #: Characters of payload text, and bytes of a binary payload, a line shows.
 _PREVIEW_CHARS: Final = 40
 _PREVIEW_BYTES: Final = 16
@@ -213,7 +216,17 @@ async def _follow(
     loop = asyncio.get_running_loop()
     count: int | None = args.count
     printed = 0
-    quiet_until = None if args.timeout is None else loop.time() + args.timeout
+    # --no-follow stops once the reader is at or past the newest id. A reader that
+    # does not report how far it read (pulsar://) may never get there when the filter
+    # drops the last records: a quiet spell in which it neither delivered nor moved
+    # ends --no-follow too.
+    timeout: float | None = args.timeout
+    quiet_rule = end is not None and timeout is None
+    if quiet_rule:
+        timeout = _NO_POSITION_QUIET_S
+    quiet_until = None if timeout is None else loop.time() + timeout
+    at_end = False
+    seen: MessageId | None = None
     pending: asyncio.Task[Sequence[ImmutableMessage]] | None = None
     try:
         while True:
@@ -227,20 +240,28 @@ async def _follow(
                 wait = left if wait is None else min(wait, left)
             done, _ = await asyncio.wait((pending,), timeout=wait)
             if not done:
-                if quiet_until is not None and loop.time() >= quiet_until:
-                    return
                 position = scanner.stats().position
                 if end is not None and position is not None and not position < end:
+                    # Past the end: once more, for a batch the reader had in hand.
+                    if at_end:
+                        return
+                    at_end = True
+                    continue
+                if quiet_rule and timeout is not None and position != seen:
+                    seen = position
+                    quiet_until = loop.time() + timeout
+                if quiet_until is not None and loop.time() >= quiet_until:
                     return
                 continue
             batch = pending.result()
             pending = None
-            if quiet_until is not None:
-                quiet_until = loop.time() + args.timeout
+            at_end = False
+            if quiet_until is not None and timeout is not None:
+                quiet_until = loop.time() + timeout
             for message in batch:
                 if end is not None and end < message.message_id:
                     return
-                if message.persisted and (args.system or message.type is not MessageType.TIME_TICK):
+                if _shown(message, args.system):
                     printer.show(message)
                     printed += 1
                     if count is not None and printed >= count:
@@ -254,6 +275,20 @@ async def _follow(
             pending.cancel()
             await asyncio.wait((pending,))
         await batches.aclose()
+
+
+def _shown(message: ImmutableMessage, system: bool) -> bool:
+    """Whether tail prints ``message``: not a node's idle tick, nor a TimeTick asked
+    for only to see the reader move (without --system), nor a committed transaction
+    none of whose messages passed the filter."""
+    if not message.persisted:
+        return False
+    if system:
+        return True
+    kind = message.type
+    if kind is MessageType.TIME_TICK:
+        return False
+    return kind is not MessageType.TXN or bool(message.body)
 
 
 class _Printer:

@@ -132,8 +132,18 @@ class LogSource:
 
     @property
     def position(self) -> MessageId | None:
-        """The newest id this source is done with (None before the first)."""
-        return self._position
+        """The newest id this source is done with (None before the first). On a
+        read-only WAL (no tail cache), the position of a backend scanner that reports
+        it, when further: it moves past the records the filter dropped, so a reader
+        can tell that it has read as far as an id even when the log ends with records
+        it does not deliver (``walsvc tail --no-follow``)."""
+        position = self._position
+        scanner = self._scanner
+        if self._cache is None and scanner is not None and scanner.reports_position:
+            ahead = scanner.position()
+            if ahead is not None and (position is None or position < ahead):
+                return ahead
+        return position
 
     async def next_batch(self) -> Sequence[ImmutableMessage]:
         """The next non-empty batch; waits at the end of the log. Raises ``WALClosed``
