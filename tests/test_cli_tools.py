@@ -410,7 +410,8 @@ def test_inspect_file_segments_and_head(
     lines = out.splitlines()
     assert lines[0] == f"pchannel   p0 at {file_story.url}"
     assert lines[1].startswith(f"records    {report['records']:,} retained; latest id file:")
-    assert any(line.startswith(f"segments   {len(segments)} files, ") for line in lines)
+    plural = "" if len(segments) == 1 else "s"
+    assert any(line.startswith(f"segments   {len(segments)} file{plural}, ") for line in lines)
 
 
 def test_inspect_a_node(capsys: pytest.CaptureFixture[str], node_story: Story) -> None:

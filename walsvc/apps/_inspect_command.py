@@ -448,7 +448,8 @@ def format_report(report: dict[str, Any]) -> str:
     file = report["file"]
     if file is not None:
         lines.append(
-            f"segments   {len(file['segments'])} files, {format_size(file['bytes'])} in"
+            f"segments   {len(file['segments'])} file{'' if len(file['segments']) == 1 else 's'},"
+            f" {format_size(file['bytes'])} in"
             f" {file['path']}; durable end {file['durable_end']}, first retained"
             f" {file['first_seq']}"
         )
