@@ -450,3 +450,25 @@ def test_inspect_an_empty_log_and_a_routing(
     assert (report["open_transactions"], report["subscriptions"]) == ([], [])
     assert report["routing"]["version"] == 1
     assert report["routing"]["pchannels"] == ["n0", "n1"]
+
+
+async def test_a_read_only_scanner_reports_how_far_it_read(tmp_path: Path) -> None:
+    """What ``tail --no-follow`` relies on when the filter drops the log's last records:
+    a read-only WAL's scanner reports its backend scanner's position while it waits."""
+    url = f"file://{tmp_path}"
+    async with await walsvc.open_wal(url, "p0") as wal:
+        kept = await wal.append(Message(payload=b"kept", vchannel="v0"))
+        await wal.append_many([Message(payload=b"dropped", vchannel="v1")] * 5)
+    async with await walsvc.open_wal(url, "p0", read_only=True) as reader:
+        latest = await reader.latest_message_id()
+        assert latest is not None
+        async with reader.read(DeliverPolicy.all(), [Filter(vchannels=["v0"])]) as scanner:
+            message = await anext(scanner)
+            assert message.message_id == kept.message_id
+            waiting = asyncio.ensure_future(anext(scanner))
+            async with asyncio.timeout(HANG):
+                while scanner.stats().position != latest:  # noqa: ASYNC110 (a snapshot: nothing signals it)
+                    await asyncio.sleep(0.01)
+            assert not waiting.done()  # nothing more for v0
+            waiting.cancel()
+            await asyncio.wait((waiting,))
