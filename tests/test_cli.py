@@ -255,7 +255,10 @@ def test_progress_bar_on_a_terminal(
     status = _cli.main(["demo", "--url", memory_url, *args])
     assert status == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("OK: ")
-    assert ("append" in terminal.getvalue()) is tqdm_installed
+    shown = terminal.getvalue()
+    # A bar for each long step: the appends, the filtered read, the check after reopening.
+    for step in ("append", "read", "verify"):
+        assert (f"{step}:" in shown) is tqdm_installed, shown
 
 
 def _repo_root() -> str:

@@ -363,7 +363,7 @@ class _Progress:
 
     __slots__ = ("_bar",)
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, desc: str = "append") -> None:
         self._bar: Any = None
         stream = sys.stderr
         if not enabled or stream is None or not stream.isatty():
@@ -373,7 +373,7 @@ class _Progress:
         except ImportError:
             return
         self._bar = tqdm(
-            total=total, desc="append", unit=" msgs", unit_scale=True, leave=False, file=stream
+            total=total, desc=desc, unit=" msgs", unit_scale=True, leave=False, file=stream
         )
 
     async def follow(self, count: Callable[[], int]) -> None:
@@ -461,7 +461,7 @@ async def _run(options: _DemoOptions, report: _Report, started: float) -> None:
         name = workload.vchannel_names[vchannel]
         checker = _Checker(workload, appended.acked, vchannel)
         stop_at = appended.last_id_of(workload, vchannel)
-        await _scan(wal, before, Filter(vchannels=[name]), checker, stop_at)
+        await _scan(wal, before, Filter(vchannels=[name]), checker, stop_at, options.progress)
         checker.finish()
         seconds = clock() - t
         report.line(
@@ -486,7 +486,7 @@ async def _run(options: _DemoOptions, report: _Report, started: float) -> None:
             raise _Failed(f"after reopening, the latest id is {shown}, before the last ack")
         total = await _count_messages(reopened, latest)
         checker = _Checker(workload, appended.acked, None)
-        await _scan(reopened, before, None, checker, last_id)
+        await _scan(reopened, before, None, checker, last_id, options.progress, "verify")
         checker.finish()
     report.line(
         "reopen",
@@ -566,10 +566,15 @@ async def _scan(
     only: Filter | None,
     checker: _Checker,
     stop_at: MessageId,
+    progress: bool,
+    desc: str = "read",
 ) -> None:
-    """Check what ``wal`` holds after ``before`` up to ``stop_at`` (the last id written)."""
+    """Check what ``wal`` holds after ``before`` up to ``stop_at`` (the last id written),
+    with a progress bar of the messages checked (on a terminal, as for the appends)."""
     deliver = DeliverPolicy.all() if before is None else DeliverPolicy.start_after(before)
     loop = asyncio.get_running_loop()
+    bar = _Progress(checker.total, progress, desc)
+    ticker = asyncio.create_task(bar.follow(lambda: checker.count))
     try:
         async with (
             wal.read(deliver, () if only is None else [only]) as scanner,
@@ -585,3 +590,7 @@ async def _scan(
             f"reading stalled for {_STALL_S:.0f} s after {checker.count:,} of"
             f" {checker.total:,} messages: the rest is missing"
         ) from None
+    finally:
+        ticker.cancel()
+        await asyncio.wait((ticker,))
+        bar.close()
