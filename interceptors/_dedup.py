@@ -112,6 +112,7 @@ class Dedup:
         "_rebuild",
         "_stale",
         "_window",
+        "hits",
         "rebuilt",
     )
 
@@ -137,6 +138,9 @@ class Dedup:
         self._held: dict[_Key, int] = {}
         self._rebuild: asyncio.Task[None] | None = None
         self._owners: set[asyncio.Future[Any]] = set()
+        #: Keyed appends answered without appending: a retry of a settled key, or a
+        #: key twice in one batch.
+        self.hits = 0
         #: How many keys the rebuild on open recovered from the log.
         self.rebuilt = 0
 
@@ -233,6 +237,7 @@ class Dedup:
             raise InvalidMessage("in a transaction only its CommitTxn carries the key")
         settled = await self._settled(key, txn)
         if settled is not None:
+            self.hits += 1
             if txn:  # a second transaction with a committed key: end it, answer the first
                 await self._roll_back_duplicate(message, call_next)
             return settled
@@ -314,10 +319,12 @@ class Dedup:
                 slot = window.get(key)
                 if slot is entry:  # twice in this batch: answered as the first
                     answers.append(first[key])
+                    self.hits += 1
                     continue
                 if slot is not None:
                     assert isinstance(slot, AppendResult)
                     answers.append(slot)
+                    self.hits += 1
                     continue
                 window[key] = entry
                 first[key] = len(batch)
@@ -367,8 +374,10 @@ class Dedup:
                 add(message)
             elif type(slot) is AppendResult:
                 others[i] = slot  # settled
+                self.hits += 1
             elif slot is entry:  # twice in this batch: answered as the first
                 others[i] = claimed.index(key)
+                self.hits += 1
             else:
                 others[i] = None  # in flight in another append, blocked, or a transaction's
         if not batch:
