@@ -18,10 +18,12 @@ from __future__ import annotations
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, Final, final
 
 __all__ = (
     "BATCH_BUCKETS",
+    "BATCH_CLOCK",
     "CLIENT",
     "LATENCY_BUCKETS",
     "ClientCounters",
@@ -104,11 +106,13 @@ class WALMetrics:
 
     __slots__ = (
         "__weakref__",
+        "ack_seconds",
         "append_batches",
         "append_bytes",
         "append_errors",
         "append_messages",
         "append_seconds",
+        "chain_seconds",
         "checkpoint_seconds",
         "commit_records",
         "commit_seconds",
@@ -140,6 +144,12 @@ class WALMetrics:
         #: and the backend's commit (from the call to its acknowledgement).
         self.encode_seconds = Histogram(LATENCY_BUCKETS)
         self.stage_commit_seconds = Histogram(LATENCY_BUCKETS)
+        #: The rest of a coalesced batch's time to append, per batch: ``chain`` (the
+        #: interceptors, down and back up) and ``ack`` (from the backend's
+        #: acknowledgement to the answers). Measured for batches that reach the
+        #: serialization point once (see ``BatchClock``).
+        self.chain_seconds = Histogram(LATENCY_BUCKETS)
+        self.ack_seconds = Histogram(LATENCY_BUCKETS)
         #: Appends that failed, by error type name.
         self.append_errors: dict[str, int] = {}
         #: Appends refused because a newer writer fenced this one.
@@ -165,6 +175,28 @@ class WALMetrics:
         self.append_errors[name] = self.append_errors.get(name, 0) + 1
         if name == "WALFenced":
             self.fenced += 1
+
+
+@final
+class BatchClock:
+    """What the serialization point measured of the batch a coalescer times: set in
+    ``BATCH_CLOCK`` for the batch's task (and the tasks it starts, which share it), so
+    the two ends of one batch meet without passing anything down the chain."""
+
+    __slots__ = ("acked_at", "commit", "encode", "serializations")
+
+    def __init__(self) -> None:
+        self.encode = 0.0
+        self.commit = 0.0
+        #: ``perf_counter()`` when the backend acknowledged the batch.
+        self.acked_at = 0.0
+        #: How often the batch reached the serialization point (1 for a batch appended
+        #: whole; its stages are split only then).
+        self.serializations = 0
+
+
+#: The clock of the coalesced batch being appended in this task (None elsewhere).
+BATCH_CLOCK: Final[ContextVar[BatchClock | None]] = ContextVar("walsvc_batch_clock", default=None)
 
 
 @final

@@ -68,7 +68,7 @@ class WALCollector(Collector):
 def _merged(wals: list[tuple[WALMetrics, dict[str, Any]]]) -> tuple[WALMetrics, dict[str, Any]]:
     """The WALs of one pchannel open in this process at once (a writer and readers, or
     a writer and the newer one that fenced it) as one: counters summed, the newest
-    durable tick, the writers' cache (the first that has one)."""
+    durable tick, the writers' caches summed (the largest pressure)."""
     first = wals[0][0]
     total = WALMetrics(first.pchannel, first.scheme)
     for metrics, _ in wals:
@@ -88,13 +88,21 @@ def _merged(wals: list[tuple[WALMetrics, dict[str, Any]]]) -> tuple[WALMetrics, 
             ended[outcome] = ended.get(outcome, 0) + count
     return total, {
         "last_durable_timetick": max(s["last_durable_timetick"] for s in snapshots),
-        "cache": next((s["cache"] for s in snapshots if s["cache"] is not None), None),
+        "cache": _merged_caches([s["cache"] for s in snapshots if s["cache"] is not None]),
         "scanners": sum(s["scanners"] for s in snapshots),
         "subscriptions": {k: v for s in snapshots for k, v in s["subscriptions"].items()},
         "dedup_hits": sum(s["dedup_hits"] for s in snapshots),
         "txns_begun": sum(s["txns_begun"] for s in snapshots),
         "txns_ended": ended,
     }
+
+
+def _merged_caches(caches: list[dict[str, float]]) -> dict[str, float] | None:
+    if not caches:
+        return None
+    total = {key: sum(cache[key] for cache in caches) for key in caches[0]}
+    total["pressure"] = max(cache["pressure"] for cache in caches)
+    return total
 
 
 class _Families:
@@ -115,8 +123,9 @@ class _Families:
         )
         self.stages = _histogram(
             "walsvc_append_stage_seconds",
-            "The serialization point's stages per batch: encode (ticks, envelopes, hand-off"
-            " to the backend) and commit (until the backend acknowledged).",
+            "An append's stages, per batch: chain (the interceptors, down and back up),"
+            " encode (ticks, envelopes, hand-off to the backend), commit (until the backend"
+            " acknowledged), ack (from the acknowledgement to the answers).",
             ["pchannel", "stage"],
         )
         self.errors = _counter(
@@ -202,8 +211,10 @@ class _Families:
         self.appended_bytes.add_metric(p, m.append_bytes)
         _observed(self.batches, p, m.append_batches)
         _observed(self.append_seconds, p, m.append_seconds)
+        _observed(self.stages, [m.pchannel, "chain"], m.chain_seconds)
         _observed(self.stages, [m.pchannel, "encode"], m.encode_seconds)
         _observed(self.stages, [m.pchannel, "commit"], m.stage_commit_seconds)
+        _observed(self.stages, [m.pchannel, "ack"], m.ack_seconds)
         for error, count in list(m.append_errors.items()):
             self.errors.add_metric([m.pchannel, error], count)
         self.fenced.add_metric(p, m.fenced)
@@ -224,11 +235,11 @@ class _Families:
         self.scanners.add_metric(p, snapshot["scanners"])
         cache = snapshot["cache"]
         if cache is not None:
-            self.cache_messages.add_metric(p, cache.messages)
-            self.cache_bytes.add_metric(p, cache.bytes)
-            self.cache_readers.add_metric(p, cache.readers)
-            self.cache_pressure.add_metric(p, cache.pressure)
-            self.cache_evictions.add_metric(p, cache.evicted)
+            self.cache_messages.add_metric(p, cache["messages"])
+            self.cache_bytes.add_metric(p, cache["bytes"])
+            self.cache_readers.add_metric(p, cache["readers"])
+            self.cache_pressure.add_metric(p, cache["pressure"])
+            self.cache_evictions.add_metric(p, cache["evicted"])
         for name, subscription in snapshot["subscriptions"].items():
             labels = [m.pchannel, name]
             if subscription["behind_messages"] is not None:

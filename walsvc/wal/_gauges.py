@@ -2,7 +2,8 @@
 state when Prometheus asks, so that none of it costs anything between scrapes.
 
 ``gauges_of`` returns, for one open ``LocalWAL``: the timetick of its newest durable
-message, its tail cache (``CacheStats``), how many scanners read it, each durable
+message, its tail cache (from ``CacheStats``: messages, bytes, readers, pressure,
+evictions; None on a read-only WAL), how many scanners read it, each durable
 subscription's checkpoint and how far it is behind, and the counters its interceptors
 keep (dedup hits, transactions begun and ended). It reads memory only: no I/O, no
 await, a few microseconds per scanner.
@@ -43,9 +44,19 @@ def gauges_of(wal: LocalWAL) -> dict[str, Any]:
             dedup_hits += member.hits
         elif isinstance(member, Transactions):
             txns_begun, txns_ended = member.begun, dict(member.ended)
+    cached = wal.cache_stats()
+    cache = None
+    if cached is not None:
+        cache = {
+            "messages": cached.messages,
+            "bytes": cached.bytes,
+            "readers": cached.readers,
+            "pressure": cached.pressure,
+            "evicted": cached.evicted,
+        }
     return {
         "last_durable_timetick": latest[1],
-        "cache": wal.cache_stats(),
+        "cache": cache,
         "scanners": wal.scanner_count,
         "subscriptions": subscriptions,
         "dedup_hits": dedup_hits,

@@ -37,7 +37,7 @@ from typing import Any, cast, final
 from walsvc.core._chain import AppendBatchNext, AppendNext
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge
 from walsvc.core._message import AppendResult, Message
-from walsvc.core._metrics import WALMetrics
+from walsvc.core._metrics import BATCH_CLOCK, BatchClock, WALMetrics
 
 __all__ = ("AppendCoalescer", "KeyedCoalescer", "Outcome", "outcome_of")
 
@@ -126,12 +126,22 @@ class _Coalescer:
 
     async def _append_timed(self, metrics: WALMetrics) -> None:
         """``_append_queued``, counting its time once per message of the batch (which
-        it takes in this same step: nothing joins it after this count)."""
+        it takes in this same step: nothing joins it after this count), and splitting
+        it into the chain's share and the ack's (``BatchClock``)."""
         count, started = len(self._messages), perf_counter()
+        clock = BatchClock()
+        token = BATCH_CLOCK.set(clock)
         try:
             await self._append_queued()
         finally:
-            metrics.append_seconds.observe(perf_counter() - started, count)
+            BATCH_CLOCK.reset(token)
+            ended = perf_counter()
+            metrics.append_seconds.observe(ended - started, count)
+            if clock.serializations == 1:
+                ack = ended - clock.acked_at
+                chain = ended - started - clock.encode - clock.commit - ack
+                metrics.ack_seconds.observe(ack)
+                metrics.chain_seconds.observe(max(chain, 0.0))
 
     async def drain(self) -> None:
         """Wait until every batch, the queued one included, has been appended (or

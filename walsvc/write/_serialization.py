@@ -39,7 +39,7 @@ from walsvc.core._codec import (
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge, WALError
 from walsvc.core._ids import MessageId
 from walsvc.core._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message
-from walsvc.core._metrics import WALMetrics
+from walsvc.core._metrics import BATCH_CLOCK, WALMetrics
 from walsvc.core._timetick import TimetickAllocator
 
 __all__ = ("CONFIRM_STEP", "SerializationPoint")
@@ -378,5 +378,12 @@ def _count_batch(
     metrics.append_messages += count
     metrics.append_bytes += size
     metrics.append_batches.observe(count)
+    acked = perf_counter()
     metrics.encode_seconds.observe(encoded - started)
-    metrics.stage_commit_seconds.observe(perf_counter() - encoded)
+    metrics.stage_commit_seconds.observe(acked - encoded)
+    clock = BATCH_CLOCK.get()
+    if clock is not None:  # a coalesced batch: its coalescer splits the rest of its time
+        clock.encode += encoded - started
+        clock.commit += acked - encoded
+        clock.acked_at = acked
+        clock.serializations += 1
