@@ -10,7 +10,7 @@ C_SOURCES := walsvc/core/_speedups.c walsvc/backends/_kafka/_cbatches.c \
 	walsvc/_cmsgpack.h
 
 .DEFAULT_GOAL := test
-.PHONY: run test lint typecheck docs pytest soak bench bench-quick clean
+.PHONY: run test lint typecheck docs pytest soak bench bench-quick bench-report clean
 
 # A bare venv with a pip new enough for PEP 735 dependency groups (`--group`, pip >= 25.1).
 $(VENV)/.venv-stamp:
@@ -65,6 +65,19 @@ bench: $(VENV)/.test-stamp
 bench-quick: $(VENV)/.test-stamp
 	$(VENV)/bin/asv machine --yes
 	$(VENV)/bin/asv run --python=same --quick --show-stderr
+
+# asv's HTML report of every run recorded under .asv/results (a graph per benchmark across
+# commits) into .asv/html. The results stay on the machine that ran `make bench`: git does
+# not hold them.
+bench-report: $(VENV)/.test-stamp
+	@if ! ls .asv/results/*/*.json 2>/dev/null | grep -qv '/machine\.json$$'; then \
+		echo "bench-report: no benchmark results under .asv/results." >&2; \
+		echo "Run 'make bench' first: results stay where they were run, git does not hold them." >&2; \
+		exit 1; \
+	fi
+	$(VENV)/bin/asv publish
+	@echo "bench-report: open .asv/html/index.html, or serve it (browsers may refuse the"
+	@echo "report's data over file://): $(VENV)/bin/asv preview  (http://127.0.0.1:8080)"
 
 clean:
 	rm -rf $(VENV) .asv site build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
