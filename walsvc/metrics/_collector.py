@@ -110,9 +110,6 @@ class _Families:
 
     def __init__(self) -> None:
         self.appended = _counter("walsvc_appended_messages", "Messages made durable.")
-        self.appended_bytes = _counter(
-            "walsvc_appended_bytes", "Envelope bytes of the messages made durable."
-        )
         self.batches = _histogram(
             "walsvc_append_batch_messages", "Messages per batch handed to the backend."
         )
@@ -208,7 +205,6 @@ class _Families:
     def add(self, m: WALMetrics, snapshot: dict[str, Any]) -> None:
         p = [m.pchannel]
         self.appended.add_metric(p, m.append_messages)
-        self.appended_bytes.add_metric(p, m.append_bytes)
         _observed(self.batches, p, m.append_batches)
         _observed(self.append_seconds, p, m.append_seconds)
         _observed(self.stages, [m.pchannel, "chain"], m.chain_seconds)

@@ -37,7 +37,7 @@ from typing import Any, cast, final
 from walsvc.core._chain import AppendBatchNext, AppendNext
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge
 from walsvc.core._message import AppendResult, Message
-from walsvc.core._metrics import BATCH_CLOCK, BatchClock, WALMetrics
+from walsvc.core._metrics import BatchClock, WALMetrics
 
 __all__ = ("AppendCoalescer", "KeyedCoalescer", "Outcome", "outcome_of")
 
@@ -130,11 +130,14 @@ class _Coalescer:
         it into the chain's share and the ack's (``BatchClock``)."""
         count, started = len(self._messages), perf_counter()
         clock = BatchClock()
-        token = BATCH_CLOCK.set(clock)
+        first = id(self._messages[0])
+        clocks = metrics.clocks
+        clocks[first] = clock
         try:
             await self._append_queued()
         finally:
-            BATCH_CLOCK.reset(token)
+            if clocks.get(first) is clock:  # (the same Message in two batches: the later's)
+                del clocks[first]
             ended = perf_counter()
             metrics.append_seconds.observe(ended - started, count)
             if clock.serializations == 1:

@@ -39,7 +39,7 @@ from walsvc.core._codec import (
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge, WALError
 from walsvc.core._ids import MessageId
 from walsvc.core._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message
-from walsvc.core._metrics import BATCH_CLOCK, WALMetrics
+from walsvc.core._metrics import WALMetrics
 from walsvc.core._timetick import TimetickAllocator
 
 __all__ = ("CONFIRM_STEP", "SerializationPoint")
@@ -188,7 +188,7 @@ class SerializationPoint:
             self._count_failure(exc)
             raise
         if metrics is not None:
-            _count_batch(metrics, started, encoded, 1, len(record))
+            _count_batch(metrics, started, encoded, 1, id(message))
         return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
 
     def serialize_now(self, message: Message) -> AppendResult:
@@ -206,7 +206,7 @@ class SerializationPoint:
         except Exception as exc:
             raise self._outcome_unknown(exc) from exc
         if metrics is not None:
-            _count_batch(metrics, started, encoded, 1, len(record))
+            _count_batch(metrics, started, encoded, 1, id(message))
         cache = self.cache
         slot = cache.reserve(1) if cache is not None else -1
         return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
@@ -317,7 +317,7 @@ class SerializationPoint:
             self._count_failure(exc)
             raise
         if metrics is not None:
-            _count_batch(metrics, started, encoded, count, sum(map(len, records)))
+            _count_batch(metrics, started, encoded, count, id(messages[0]))
         self.last_acked = ids[-1]
         self.last_acked_tick = ticks[-1]
         if len(ids) != count:
@@ -371,17 +371,17 @@ class SerializationPoint:
 
 
 def _count_batch(
-    metrics: WALMetrics, started: float, encoded: float, count: int, size: int
+    metrics: WALMetrics, started: float, encoded: float, count: int, first: int
 ) -> None:
-    """Count ``count`` messages of ``size`` envelope bytes made durable in one backend
-    call, encoded from ``started`` to ``encoded`` and acknowledged now."""
-    metrics.append_messages += count
-    metrics.append_bytes += size
-    metrics.append_batches.observe(count)
+    """Count ``count`` messages made durable in one backend call, encoded from
+    ``started`` to ``encoded`` and acknowledged now; tell the coalescer of the batch
+    whose first message's ``id`` is ``first``, if one times it."""
     acked = perf_counter()
+    metrics.append_messages += count
+    metrics.append_batches.observe(count)
     metrics.encode_seconds.observe(encoded - started)
     metrics.stage_commit_seconds.observe(acked - encoded)
-    clock = BATCH_CLOCK.get()
+    clock = metrics.clocks.get(first)
     if clock is not None:  # a coalesced batch: its coalescer splits the rest of its time
         clock.encode += encoded - started
         clock.commit += acked - encoded
