@@ -312,3 +312,33 @@ async def test_every_dashboard_query_names_a_metric_walsvc_exports(
     for query in queries:  # each query's brackets balance (a cut-off query fails here)
         assert query.count("(") == query.count(")"), query
         assert query.count("{") == query.count("}"), query
+
+
+def test_the_wals_of_one_pchannel_add_up_whatever_they_hold() -> None:
+    """``WALMetrics.add`` sums every counter and histogram (a new one not added there
+    fails here), and a batch's clock in flight does not disturb it."""
+    one, two = _metrics.WALMetrics("p", "file"), _metrics.WALMetrics("p", "file")
+    for metrics, k in ((one, 1), (two, 2)):
+        for name in _metrics.WALMetrics.__slots__:
+            value = getattr(metrics, name, None)
+            if type(value) is int:
+                setattr(metrics, name, k)
+            elif isinstance(value, _metrics.Histogram):
+                value.observe(0.001 * k, k)
+        metrics.failed("WALFenced")
+        metrics.clocks[id(metrics)] = _metrics.BatchClock()  # a batch in flight
+    histograms = [
+        n
+        for n in _metrics.WALMetrics.__slots__
+        if isinstance(getattr(one, n, None), _metrics.Histogram)
+    ]
+    assert {id(getattr(one, n)) for n in histograms} == {id(h) for h in one.histograms()}
+    one.add(two)
+    for name in _metrics.WALMetrics.__slots__:
+        value = getattr(one, name, None)
+        if type(value) is int:
+            assert value == 3 + (name == "fenced") * 2, name  # failed() counted fencing too
+        elif isinstance(value, _metrics.Histogram):
+            assert value.counts[-1] + sum(value.counts[:-1]) == 3, name
+            assert value.sum == pytest.approx(0.001 + 0.004), name
+    assert one.append_errors == {"WALFenced": 2}

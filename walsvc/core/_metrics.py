@@ -170,6 +170,34 @@ class WALMetrics:
         self.checkpoint_seconds = Histogram(LATENCY_BUCKETS)
         self.snapshot: Callable[[], dict[str, Any] | None] | None = None
 
+    def histograms(self) -> tuple[Histogram, ...]:
+        """Every histogram, in a fixed order."""
+        return (
+            self.append_batches,
+            self.append_seconds,
+            self.encode_seconds,
+            self.stage_commit_seconds,
+            self.chain_seconds,
+            self.ack_seconds,
+            self.commit_seconds,
+            self.commit_records,
+            self.read_batches,
+            self.deliver_seconds,
+            self.checkpoint_seconds,
+        )
+
+    def add(self, other: WALMetrics) -> None:
+        """Add the counts of ``other`` (another WAL of this pchannel) to these."""
+        self.append_messages += other.append_messages
+        self.fenced += other.fenced
+        self.written_bytes += other.written_bytes
+        self.segment_rollovers += other.segment_rollovers
+        self.consumed_messages += other.consumed_messages
+        for name, count in list(other.append_errors.items()):
+            self.append_errors[name] = self.append_errors.get(name, 0) + count
+        for mine, theirs in zip(self.histograms(), other.histograms(), strict=True):
+            mine.add(theirs)
+
     def failed(self, name: str) -> None:
         """Count an append that raised an error of the type named ``name``."""
         self.append_errors[name] = self.append_errors.get(name, 0) + 1

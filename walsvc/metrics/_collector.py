@@ -72,15 +72,7 @@ def _merged(wals: list[tuple[WALMetrics, dict[str, Any]]]) -> tuple[WALMetrics, 
     first = wals[0][0]
     total = WALMetrics(first.pchannel, first.scheme)
     for metrics, _ in wals:
-        for name in WALMetrics.__slots__:
-            mine, theirs = getattr(total, name, None), getattr(metrics, name)
-            if isinstance(mine, int) and isinstance(theirs, int):
-                setattr(total, name, mine + theirs)
-            elif isinstance(mine, Histogram) and isinstance(theirs, Histogram):
-                mine.add(theirs)
-            elif isinstance(mine, dict) and isinstance(theirs, dict):
-                for key, count in list(theirs.items()):
-                    mine[key] = mine.get(key, 0) + count
+        total.add(metrics)
     snapshots = [snapshot for _, snapshot in wals]
     ended: dict[str, int] = {}
     for snapshot in snapshots:
