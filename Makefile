@@ -10,7 +10,7 @@ C_SOURCES := walsvc/core/_speedups.c walsvc/backends/_kafka/_cbatches.c \
 	walsvc/_cmsgpack.h
 
 .DEFAULT_GOAL := test
-.PHONY: run test lint typecheck pytest soak bench bench-quick clean
+.PHONY: run test lint typecheck docs pytest soak bench bench-quick bench-report clean
 
 # A bare venv with a pip new enough for PEP 735 dependency groups (`--group`, pip >= 25.1).
 $(VENV)/.venv-stamp:
@@ -32,7 +32,7 @@ $(VENV)/.test-stamp: pyproject.toml $(C_SOURCES) $(VENV)/.venv-stamp
 run: $(VENV)/.run-stamp
 	$(VENV)/bin/walsvc demo
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 lint: $(VENV)/.test-stamp
 	$(VENV)/bin/ruff check .
@@ -42,6 +42,12 @@ lint: $(VENV)/.test-stamp
 typecheck: $(VENV)/.test-stamp
 	$(VENV)/bin/mypy
 
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link, anchor,
+# snippet or API reference (a mkdocstrings identifier) fails the build, and so `make test`.
+# Not --quiet: it hides the warnings, and with them --strict lets the build pass.
+docs: $(VENV)/.test-stamp
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 pytest: $(VENV)/.test-stamp
 	$(VENV)/bin/pytest
 
@@ -50,7 +56,7 @@ pytest: $(VENV)/.test-stamp
 soak: $(VENV)/.test-stamp
 	WALSVC_SOAK=$${WALSVC_SOAK:-20} HYPOTHESIS_PROFILE=explore $(VENV)/bin/pytest -m slow
 
-# Saves results for the current commit under .asv/results (see performance.md).
+# Saves results for the current commit under .asv/results (see benchmarks/README.md).
 bench: $(VENV)/.test-stamp
 	$(VENV)/bin/asv machine --yes
 	$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) --record-samples
@@ -60,8 +66,21 @@ bench-quick: $(VENV)/.test-stamp
 	$(VENV)/bin/asv machine --yes
 	$(VENV)/bin/asv run --python=same --quick --show-stderr
 
+# asv's HTML report of every run recorded under .asv/results (a graph per benchmark across
+# commits) into .asv/html. The results stay on the machine that ran `make bench`: git does
+# not hold them.
+bench-report: $(VENV)/.test-stamp
+	@if ! ls .asv/results/*/*.json 2>/dev/null | grep -qv '/machine\.json$$'; then \
+		echo "bench-report: no benchmark results under .asv/results." >&2; \
+		echo "Run 'make bench' first: results stay where they were run, git does not hold them." >&2; \
+		exit 1; \
+	fi
+	$(VENV)/bin/asv publish
+	@echo "bench-report: open .asv/html/index.html, or serve it (browsers may refuse the"
+	@echo "report's data over file://): $(VENV)/bin/asv preview  (http://127.0.0.1:8080)"
+
 clean:
-	rm -rf $(VENV) .asv build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .asv site build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	rm -f walsvc/core/_speedups.*.so walsvc/backends/_kafka/_cbatches.*.so \
 		walsvc/backends/_file/_ccommit.*.so walsvc/service/_cwire.*.so \
 		walsvc/remote/_cclient.*.so

@@ -140,11 +140,14 @@ def side_by_side(
     repeats: int,
     *measures: Callable[[], Coroutine[Any, Any, _T]],
 ) -> list[list[_T]]:
-    """Run each measure ``repeats`` times, alternating between them so that drifting
-    machine noise hits all of them alike; return one list of results per measure."""
+    """Run each measure ``repeats`` times, alternating between them, and the order
+    reversed every other round (A B, B A, A B, ...), so that machine noise drifting
+    through the run hits all of them alike rather than the one measured last; return
+    one list of results per measure, in the measures' order."""
     results: list[list[_T]] = [[] for _ in measures]
-    for _ in range(repeats):
-        for out, measure in zip(results, measures, strict=True):
+    for round_ in range(repeats):
+        pairs = list(zip(results, measures, strict=True))
+        for out, measure in pairs if round_ % 2 == 0 else reversed(pairs):
             out.append(loop.run_until_complete(measure()))
     return results
 

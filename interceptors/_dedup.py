@@ -28,7 +28,8 @@ Concurrent keyed appends are taken together (``do_append_coalesced``: the WAL ga
 them, see ``walsvc.CoalescingInterceptor``): their new keys are claimed at once and
 appended as one batch, whose owner is the WAL's task for it, and each key is settled from
 its result; the promises above are the same for them. Most keys of the window are settled
-message keys, held as their bare ``AppendResult``.
+message keys, held as their bare ``AppendResult``. The window's bookkeeping (its keys,
+their order, eviction) is ``_dedup_window.Window``'s.
 Milvus (PR #50007) loses its window on restart and releases keys on ambiguous errors.
 """
 
@@ -52,9 +53,19 @@ from walsvc.core._errors import (
     WALTruncated,
 )
 from walsvc.core._ids import MessageId
-from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.core._message import AppendResult, Message, MessageType
 from walsvc.core._timetick import span_of_ms
 
+from ._dedup_window import (
+    Entry,
+    Key,
+    Window,
+    in_flight,
+    key_of,
+    named,
+    result_of,
+    settled_key,
+)
 from ._reading import read_through
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
@@ -64,33 +75,7 @@ DEFAULT_MAX_KEYS: Final = 100_000
 #: Seconds a settled key is remembered (by timetick, so across restarts too).
 DEFAULT_MAX_AGE: Final = 600.0
 
-#: A key of the window: ``vchannel + "\0" + idempotency key`` (no NUL in the vchannel: the
-#: first NUL ends it), else the tuple (vchannel, idempotency key). A str is hashed once and
-#: is no work for the cycle collector, which a tuple per key kept in the window was.
-_Key = str | tuple[str, str]
 _T = TypeVar("_T")
-
-
-@final
-class _Entry:
-    """A key of the window that is not a settled message key: in flight (``owner``
-    running), blocked (``owner`` done without a result: its outcome could not be read), or
-    a settled transaction key (``result``, ``txn``). The keys of one batch share one."""
-
-    __slots__ = ("floor", "owner", "result", "txn")
-
-    def __init__(self, floor: MessageId | None, txn: bool) -> None:
-        #: At or before where the keyed messages land: resolution reads from here.
-        self.floor = floor
-        #: True if the key names a transaction (settled by its CommitTxn).
-        self.txn = txn
-        self.result: AppendResult | None = None
-        self.owner: asyncio.Future[Any] | None = None
-
-
-#: What the window holds per key: a settled message key's result (most keys), or an
-#: ``_Entry``.
-_Slot = AppendResult | _Entry
 
 
 @final
@@ -103,15 +88,12 @@ class Dedup:
     passes_plain_messages: Final = True
 
     __slots__ = (
-        "_age_ticks",
         "_context",
-        "_held",
-        "_max_keys",
-        "_order",
+        "_keys",
         "_owners",
         "_rebuild",
-        "_stale",
         "_window",
+        "hits",
         "rebuilt",
     )
 
@@ -122,21 +104,15 @@ class Dedup:
             raise ValueError(f"max_keys must be an int >= 1, not {max_keys!r}")
         if not (isinstance(max_age, int | float) and math.isfinite(max_age) and max_age > 0):
             raise ValueError(f"max_age must be seconds > 0, not {max_age!r}")
-        self._max_keys = max_keys
-        self._age_ticks = span_of_ms(round(max_age * 1000))
         self._context: InterceptorContext | None = None
-        self._window: dict[_Key, _Slot] = {}
-        # The keys in the order they were claimed (or read, on open), the oldest first, and
-        # how many entries of each key there are stale: one per release (a released key
-        # may be claimed again later; its older entries come first).
-        self._order: deque[_Key] = deque()
-        self._stale: dict[_Key, int] = {}
-        # The keys a retry waits on (its owner's outcome), with how many wait: eviction
-        # stops at them, so that a key settled while the window is past its bound is
-        # still there for its waiters to read.
-        self._held: dict[_Key, int] = {}
+        self._keys = Window(max_keys, span_of_ms(round(max_age * 1000)))
+        # The window's dict itself, on the hot paths (never replaced).
+        self._window = self._keys.slots
         self._rebuild: asyncio.Task[None] | None = None
         self._owners: set[asyncio.Future[Any]] = set()
+        #: Keyed appends answered without appending: a retry of a settled key, or a
+        #: key twice in one batch.
+        self.hits = 0
         #: How many keys the rebuild on open recovered from the log.
         self.rebuilt = 0
 
@@ -152,6 +128,7 @@ class Dedup:
         if self._context is not None:
             raise RuntimeError("a Dedup interceptor serves one WAL")
         self._context = context
+        self._keys.last_tick = context.last_tick
         self._rebuild = asyncio.ensure_future(self._rebuild_window(context))
         self._rebuild.add_done_callback(_collect)
 
@@ -189,33 +166,18 @@ class Dedup:
         latest = await context.latest_message_id()
         if latest is None:
             return
-        floor = max(0, await context.last_durable_timetick() - self._age_ticks)
+        floor = max(0, await context.last_durable_timetick() - self._keys.age_ticks)
         start = await context.start_at_timetick(floor)
         # Each message is noted as the scanner delivers it, so the rebuild works a step
         # of the read at a time (the read yields to the loop between steps, see
         # walsvc.core._budget) and never holds the whole window's messages.
         try:
             async for message in read_through(context, start, latest, floor):
-                self._note_settled(message)
+                self.rebuilt += self._keys.note_settled(message)
         except WALTruncated:  # truncated meanwhile: what is retained is all there is
             async for message in read_through(context, DeliverPolicy.all(), latest, floor):
-                self._note_settled(message)
-        self._evict()
-
-    def _note_settled(self, message: ImmutableMessage) -> None:
-        """Put a keyed message the rebuild read into the window."""
-        key = _settled_key(message)
-        if key is not None and key not in self._window:
-            result = _result_of(message)
-            if message.txn is None:
-                self._window[key] = result  # keyed appends wait for this: the window was empty
-            else:
-                entry = self._window[key] = _Entry(None, True)
-                entry.result = result
-            self._order.append(key)
-            self.rebuilt += 1
-            if len(self._window) > self._max_keys:
-                self._evict()  # one key at a time, not the excess of a whole window at the end
+                self.rebuilt += self._keys.note_settled(message)
+        self._keys.evict()
 
     # -- appends ------------------------------------------------------------------------
 
@@ -225,20 +187,21 @@ class Dedup:
         key = message.idempotency_key
         if key is None:
             return call_next(message)
-        return self._keyed(message, _key(message.vchannel, key), call_next)
+        return self._keyed(message, key_of(message.vchannel, key), call_next)
 
-    async def _keyed(self, message: Message, key: _Key, call_next: AppendNext) -> AppendResult:
+    async def _keyed(self, message: Message, key: Key, call_next: AppendNext) -> AppendResult:
         txn = message.txn is not None
         if txn and message.type is not MessageType.COMMIT_TXN:
             raise InvalidMessage("in a transaction only its CommitTxn carries the key")
         settled = await self._settled(key, txn)
         if settled is not None:
+            self.hits += 1
             if txn:  # a second transaction with a committed key: end it, answer the first
                 await self._roll_back_duplicate(message, call_next)
             return settled
-        entry = _Entry(self._bound().last_confirmed_id(), txn)
+        entry = Entry(self._bound().last_confirmed_id(), txn)
         self._window[key] = entry
-        self._order.append(key)
+        self._keys.order.append(key)
         return await self._own(entry, self._append_one(key, entry, message, call_next))
 
     def do_append_batch(
@@ -257,35 +220,35 @@ class Dedup:
     ) -> list[AppendResult]:
         window = self._window
         keys = [
-            None if m.idempotency_key is None else _key(m.vchannel, m.idempotency_key)
+            None if m.idempotency_key is None else key_of(m.vchannel, m.idempotency_key)
             for m in messages
         ]
         if None not in keys and self._rebuilt():  # the usual batch: keyed, every key new
-            entry = _Entry(self._bound().last_confirmed_id(), False)
-            new: list[_Key] = keys  # type: ignore[assignment]  # no None in it
+            entry = Entry(self._bound().last_confirmed_id(), False)
+            new: list[Key] = keys  # type: ignore[assignment]  # no None in it
             size = len(window)
             # Claimed in one probe per key, in C loops; a key already there keeps its
             # slot, and the window grows by fewer than the batch.
             deque(map(window.setdefault, new, repeat(entry)), maxlen=0)
             if len(window) - size == len(new):
-                self._order.extend(new)
+                self._keys.order.extend(new)
                 work = self._append_batch(keys, entry, list(messages), call_next)
                 return await self._own(entry, work)
             for mine in new:  # a key known, or twice: unclaimed, and the batch goes below
                 if window.get(mine) is entry:
                     del window[mine]
-        held: list[_Key] = []  # the keys waited on, held from eviction until read below
+        held: list[Key] = []  # the keys waited on, held from eviction until read below
         try:
             return await self._keyed_batch_slowly(messages, keys, call_next, held)
         finally:
-            self._unhold(held)
+            self._keys.unhold(held)
 
     async def _keyed_batch_slowly(
         self,
         messages: Sequence[Message],
-        keys: list[_Key | None],
+        keys: list[Key | None],
         call_next: AppendBatchNext,
-        held: list[_Key],
+        held: list[Key],
     ) -> list[AppendResult]:
         """``_keyed_batch`` for a batch with a key that is not new (settled, in flight,
         or twice in it) or without a key: the keys it waits on go to ``held``."""
@@ -294,30 +257,32 @@ class Dedup:
             if not self._rebuilt():
                 await self.wait_rebuilt()
             known = [k for k in keys if k is not None and k in window]  # usually none
-            waiting = [k for k in known if _in_flight(window[k])]
+            waiting = [k for k in known if in_flight(window[k])]
             if not waiting:
                 break  # and nothing awaits from here to the claims
-            self._hold(waiting)
+            self._keys.hold(waiting)
             held += waiting
             for busy in waiting:
                 await self._settled(busy, False)  # its owner's outcome, or a read of the log
         for settled in known:
-            if type(window[settled]) is _Entry:
+            if type(window[settled]) is Entry:
                 raise _kind_mismatch(settled, True)  # a settled transaction key
-        entry = _Entry(self._bound().last_confirmed_id(), False)
+        entry = Entry(self._bound().last_confirmed_id(), False)
         batch: list[Message] = []
-        claimed: list[_Key | None] = []  # the key of each message of ``batch``
-        first: dict[_Key, int] = {}  # where each claimed key is in ``batch``
+        claimed: list[Key | None] = []  # the key of each message of ``batch``
+        first: dict[Key, int] = {}  # where each claimed key is in ``batch``
         answers: list[AppendResult | int] = []  # a settled result, or a place in ``batch``
         for message, key in zip(messages, keys, strict=True):
             if key is not None:
                 slot = window.get(key)
                 if slot is entry:  # twice in this batch: answered as the first
                     answers.append(first[key])
+                    self.hits += 1
                     continue
                 if slot is not None:
                     assert isinstance(slot, AppendResult)
                     answers.append(slot)
+                    self.hits += 1
                     continue
                 window[key] = entry
                 first[key] = len(batch)
@@ -326,7 +291,7 @@ class Dedup:
             claimed.append(key)
         if not batch:
             return [a for a in answers if isinstance(a, AppendResult)]  # every key was settled
-        self._order.extend(k for k in claimed if k is not None)
+        self._keys.order.extend(k for k in claimed if k is not None)
         appended = await self._own(entry, self._append_batch(claimed, entry, batch, call_next))
         if len(batch) == len(messages):
             return appended
@@ -348,14 +313,14 @@ class Dedup:
                 return [None] * len(messages)  # do_append raises it, a fresh copy each
         window = self._window
         get = window.get
-        entry = _Entry(self._bound().last_confirmed_id(), False)
+        entry = Entry(self._bound().last_confirmed_id(), False)
         batch: list[Message] = []
-        claimed: list[_Key] = []  # the key of each message of ``batch``
+        claimed: list[Key] = []  # the key of each message of ``batch``
         others: dict[int, AppendResult | int | None] = {}  # messages not in ``batch``
         claim, add = claimed.append, batch.append
         for i, message in enumerate(messages):
             vchannel = message.vchannel
-            key: _Key = (
+            key: Key = (
                 f"{vchannel}\0{message.idempotency_key}"  # _key, inline: once per append
                 if "\0" not in vchannel
                 else (vchannel, message.idempotency_key)  # type: ignore[assignment]
@@ -367,13 +332,15 @@ class Dedup:
                 add(message)
             elif type(slot) is AppendResult:
                 others[i] = slot  # settled
+                self.hits += 1
             elif slot is entry:  # twice in this batch: answered as the first
                 others[i] = claimed.index(key)
+                self.hits += 1
             else:
                 others[i] = None  # in flight in another append, blocked, or a transaction's
         if not batch:
             return [None if isinstance(a, int) else a for a in others.values()]
-        self._order.extend(claimed)
+        self._keys.order.extend(claimed)
         owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry.owner = owner
         self._owners.add(owner)
@@ -399,7 +366,7 @@ class Dedup:
         return answered
 
     async def _append_claimed(
-        self, claimed: list[_Key], entry: _Entry, batch: list[Message], call_next: AppendBatchNext
+        self, claimed: list[Key], entry: Entry, batch: list[Message], call_next: AppendBatchNext
     ) -> Sequence[AppendResult | Exception | None]:
         """Append ``batch``, the messages of the keys ``claimed`` under ``entry``, and
         settle each key from its outcome; return what each message's caller gets: its
@@ -415,19 +382,19 @@ class Dedup:
         except AppendOutcomeUnknown as exc:
             return await self._resolve_all(claimed, entry, exc)
         except MessageTooLarge:
-            self._release_all(claimed, entry)  # nothing was written
+            self._keys.release_all(claimed, entry)  # nothing was written
             return [None] * len(claimed)
         except BaseException as exc:
-            self._release_all(claimed, entry)  # nothing was written
+            self._keys.release_all(claimed, entry)  # nothing was written
             if not isinstance(exc, Exception):
                 raise
             return [exc] * len(claimed)
-        self._settle_all(claimed, entry, appended)
+        self._keys.settle_all(claimed, entry, appended)
         return appended
 
     # -- owners: the appends that settle keys ---------------------------------------------
 
-    async def _own(self, entry: _Entry, work: Awaitable[_T]) -> _T:
+    async def _own(self, entry: Entry, work: Awaitable[_T]) -> _T:
         """Run ``work`` (the append of ``entry``'s keys) as their owner: to its end,
         whatever becomes of the caller, who gets its outcome unless cancelled first."""
         owner = entry.owner = asyncio.ensure_future(work)
@@ -437,22 +404,22 @@ class Dedup:
         return await asyncio.shield(owner)
 
     async def _append_one(
-        self, key: _Key, entry: _Entry, message: Message, call_next: AppendNext
+        self, key: Key, entry: Entry, message: Message, call_next: AppendNext
     ) -> AppendResult:
         try:
             result = await call_next(message)
         except AppendOutcomeUnknown as exc:
             return await self._resolve(key, entry, exc)
         except BaseException:
-            self._release(key, entry)  # nothing was written
+            self._keys.release(key, entry)  # nothing was written
             raise
-        self._settle_all((key,), entry, (result,))
+        self._keys.settle_all((key,), entry, (result,))
         return result
 
     async def _append_batch(
         self,
-        claimed: list[_Key | None],
-        entry: _Entry,
+        claimed: list[Key | None],
+        entry: Entry,
         batch: list[Message],
         call_next: AppendBatchNext,
     ) -> list[AppendResult]:
@@ -472,47 +439,34 @@ class Dedup:
                 raise  # a retry appends what is missing and is answered for the rest
             return [r for r in found if isinstance(r, AppendResult)]
         except BaseException:
-            self._release_all(keys, entry)  # nothing was written
+            self._keys.release_all(keys, entry)  # nothing was written
             raise
         if len(keys) == len(claimed):
-            self._settle_all(keys, entry, appended)
+            self._keys.settle_all(keys, entry, appended)
         else:
-            self._settle_all(
+            self._keys.settle_all(
                 keys, entry, [r for k, r in zip(claimed, appended, strict=True) if k is not None]
             )
         return appended
-
-    def _settle_all(
-        self, keys: Sequence[_Key], entry: _Entry, results: Sequence[AppendResult]
-    ) -> None:
-        """Settle ``keys``, claimed under ``entry``, with their ``results``."""
-        window = self._window
-        if entry.txn:
-            (entry.result,) = results  # the window keeps the entry: it names a transaction
-        else:
-            # In C loops. Nothing replaced them meanwhile: only a key's owner settles or
-            # releases it, a claim takes only a free key, and eviction skips keys in flight.
-            window.update(zip(keys, results, strict=True))
-        self._evict()
 
     # -- looking keys up ------------------------------------------------------------------
 
     async def committed_txn(self, vchannel: str, key: str) -> AppendResult | None:
         """The CommitTxn result of the transaction with ``key`` on ``vchannel``, if one
         committed within the window (waiting for a commit of it in flight); else None."""
-        return await self._settled(_key(vchannel, key), True)
+        return await self._settled(key_of(vchannel, key), True)
 
-    async def _settled(self, key: _Key, txn: bool) -> AppendResult | None:
+    async def _settled(self, key: Key, txn: bool) -> AppendResult | None:
         """The result ``key`` settled with; None if it is free (the caller may own it
         at once: nothing awaits between this returning None and the caller's claim)."""
         await self.wait_rebuilt()
-        self._hold((key,))
+        self._keys.hold((key,))
         try:
             return await self._settled_held(key, txn)
         finally:
-            self._unhold((key,))
+            self._keys.unhold((key,))
 
-    async def _settled_held(self, key: _Key, txn: bool) -> AppendResult | None:
+    async def _settled_held(self, key: Key, txn: bool) -> AppendResult | None:
         """``_settled``, while ``key`` is held from eviction."""
         retried = False
         while True:
@@ -532,7 +486,7 @@ class Dedup:
                 await asyncio.wait((owner,))  # the owner's outcome, not its caller's
             elif retried:
                 raise AppendOutcomeUnknown(
-                    f"whether the append of key {_named(key)} landed is"
+                    f"whether the append of key {named(key)} landed is"
                     " still unknown: the log could not be read to tell, so the key stays"
                     " blocked (each retry reads it again)"
                 )
@@ -543,17 +497,17 @@ class Dedup:
                 except AppendOutcomeUnknown:
                     pass  # still blocked: said above, on the next turn
 
-    async def _resolve_again(self, key: _Key, entry: _Entry) -> None:
+    async def _resolve_again(self, key: Key, entry: Entry) -> None:
         """``_resolve`` for a blocked key: settled or released (free to append), unless
         the log still cannot be read (raises ``AppendOutcomeUnknown``)."""
-        unknown = AppendOutcomeUnknown(f"the append of key {_named(key)} may have landed")
+        unknown = AppendOutcomeUnknown(f"the append of key {named(key)} may have landed")
         try:
             await self._resolve(key, entry, unknown)
         except AppendOutcomeUnknown as exc:
             if exc is not unknown:
                 raise
 
-    async def _resolve(self, key: _Key, entry: _Entry, error: AppendOutcomeUnknown) -> AppendResult:
+    async def _resolve(self, key: Key, entry: Entry, error: AppendOutcomeUnknown) -> AppendResult:
         """Find whether the ambiguous append of ``key`` landed: settle it (found) or
         release it and raise ``error`` (not found). If the log cannot be read, the key
         stays blocked and ``AppendOutcomeUnknown`` says so."""
@@ -563,7 +517,7 @@ class Dedup:
         return outcome
 
     async def _resolve_all(
-        self, keys: Sequence[_Key], entry: _Entry, error: AppendOutcomeUnknown
+        self, keys: Sequence[Key], entry: Entry, error: AppendOutcomeUnknown
     ) -> list[AppendResult | AppendOutcomeUnknown]:
         """``_resolve`` for the keys of one ambiguous append (claimed under ``entry``), with
         one read of the log: per key, its result (found: settled), ``error`` (not found:
@@ -576,7 +530,7 @@ class Dedup:
             blocked: list[AppendResult | AppendOutcomeUnknown] = []
             for key in keys:
                 unknown = AppendOutcomeUnknown(
-                    f"{error}; and reading the log to resolve key {_named(key)} failed ({exc!r}):"
+                    f"{error}; and reading the log to resolve key {named(key)} failed ({exc!r}):"
                     " the key stays blocked until the log can be read to tell (each retry"
                     " reads it again)"
                 )
@@ -587,26 +541,26 @@ class Dedup:
         for key in keys:
             result = found.get(key)
             if result is None:
-                self._release(key, entry)
+                self._keys.release(key, entry)
                 outcomes.append(error)
             else:
-                self._settle_all((key,), entry, (result,))
+                self._keys.settle_all((key,), entry, (result,))
                 outcomes.append(result)
         return outcomes
 
     async def _find(
-        self, context: InterceptorContext, keys: set[_Key], floor: MessageId | None
-    ) -> dict[_Key, AppendResult]:
+        self, context: InterceptorContext, keys: set[Key], floor: MessageId | None
+    ) -> dict[Key, AppendResult]:
         """The results of the first messages from ``floor`` on that settle ``keys``."""
-        found: dict[_Key, AppendResult] = {}
+        found: dict[Key, AppendResult] = {}
         latest = await context.latest_message_id()
         if latest is None or (floor is not None and latest < floor):
             return found
         start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
         async for message in read_through(context, start, latest, 0):
-            key = _settled_key(message)
+            key = settled_key(message)
             if key in keys and key not in found:
-                found[key] = _result_of(message)
+                found[key] = result_of(message)
         return found
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -628,85 +582,6 @@ class Dedup:
         assert self._context is not None, "appends wait for ready()"
         return self._context
 
-    def _hold(self, keys: Sequence[_Key]) -> None:
-        """Keep ``keys`` from eviction (until ``_unhold``)."""
-        held = self._held
-        for key in keys:
-            held[key] = held.get(key, 0) + 1
-
-    def _unhold(self, keys: Sequence[_Key]) -> None:
-        held = self._held
-        for key in keys:
-            count = held[key]
-            if count == 1:
-                del held[key]
-            else:
-                held[key] = count - 1
-
-    def _release(self, key: _Key, entry: _Entry) -> None:
-        """Forget ``key``, claimed under ``entry`` (its append wrote nothing)."""
-        window = self._window
-        if window.get(key) is entry:
-            del window[key]
-            self._stale[key] = self._stale.get(key, 0) + 1  # its entry in _order
-            if len(self._order) > 2 * len(window) + 1024:
-                self._compact()
-
-    def _compact(self) -> None:
-        """Drop the stale entries of ``_order``: many keys were released (appends that
-        failed) while few settled, so that eviction did not reach them."""
-        stale = self._stale
-        kept: deque[_Key] = deque()
-        for key in self._order:
-            count = stale.get(key)
-            if count is None:
-                kept.append(key)
-            elif count == 1:
-                del stale[key]
-            else:
-                stale[key] = count - 1
-        self._order = kept
-
-    def _release_all(self, keys: Sequence[_Key], entry: _Entry) -> None:
-        for key in keys:
-            self._release(key, entry)
-
-    def _evict(self) -> None:
-        """Drop the oldest settled keys beyond ``max_keys`` or older than ``max_age``."""
-        window = self._window
-        order = self._order
-        stale = self._stale
-        context = self._context
-        horizon = (context.last_tick() if context is not None else 0) - self._age_ticks
-        max_keys = self._max_keys
-        held = self._held
-        while order:
-            key = order[0]
-            if stale:
-                count = stale.get(key)
-                if count is not None:  # an entry of a key released since
-                    order.popleft()
-                    if count == 1:
-                        del stale[key]
-                    else:
-                        stale[key] = count - 1
-                    continue
-            if held and key in held:
-                break  # a retry waits to read it; the bound is met once it has
-            if len(window) > max_keys:  # dropped unless in flight: one probe for both
-                slot = window.pop(key)
-                if type(slot) is AppendResult or slot.result is not None:  # type: ignore[union-attr]
-                    order.popleft()
-                    continue
-                window[key] = slot  # in flight: the bound is met once it settles
-                break
-            slot = window[key]
-            result = slot if type(slot) is AppendResult else slot.result  # type: ignore[union-attr]
-            if result is None or result.timetick >= horizon:
-                break  # in flight, or young enough
-            order.popleft()
-            del window[key]
-
     async def aclose(self) -> None:
         """Stop the rebuild and wait for the owners still appending (their callers may
         have gone; their outcome settles nothing any more, but they must finish before
@@ -717,39 +592,10 @@ class Dedup:
             await asyncio.wait(list(self._owners))
 
 
-def _in_flight(slot: _Slot) -> bool:
-    """True for a key whose append is in flight or blocked (no result yet)."""
-    return type(slot) is _Entry and slot.result is None
-
-
-def _settled_key(message: ImmutableMessage) -> _Key | None:
-    """The window key a message in the log settles: a keyed message outside
-    transactions, or a transaction's CommitTxn."""
-    key = message.idempotency_key
-    if key is None or (message.txn is not None and message.type is not MessageType.COMMIT_TXN):
-        return None
-    return _key(message.vchannel, key)
-
-
-def _key(vchannel: str, key: str) -> _Key:
-    """The window key of idempotency key ``key`` on ``vchannel``."""
-    return f"{vchannel}\0{key}" if "\0" not in vchannel else (vchannel, key)
-
-
-def _named(key: _Key) -> str:
-    """A window key as error messages name it: the key, then its vchannel."""
-    vchannel, key_text = key.split("\0", 1) if isinstance(key, str) else key
-    return f"{key_text!r} on vchannel {vchannel!r}"
-
-
-def _result_of(message: ImmutableMessage) -> AppendResult:
-    return AppendResult(message.message_id, message.timetick, message.last_confirmed_id)
-
-
-def _kind_mismatch(key: _Key, names_txn: bool) -> InvalidArgument:
+def _kind_mismatch(key: Key, names_txn: bool) -> InvalidArgument:
     kind = "a transaction" if names_txn else "a message"
     return InvalidArgument(
-        f"idempotency key {_named(key)} already names {kind}; a key"
+        f"idempotency key {named(key)} already names {kind}; a key"
         " names one message or one transaction"
     )
 

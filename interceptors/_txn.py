@@ -91,6 +91,8 @@ class Transactions:
         "_expiring",
         "_listening",
         "_sessions",
+        "begun",
+        "ended",
         "rolled_back_on_open",
     )
 
@@ -98,6 +100,11 @@ class Transactions:
         self._context: InterceptorContext | None = None
         #: How many transactions of earlier writers ``ready`` found open and rolled back.
         self.rolled_back_on_open = 0
+        #: Transactions begun (BeginTxn appends tried) and ended, by how: "committed",
+        #: "rolled_back" (by the user or by walsvc), "expired", "unresolved" (a commit
+        #: whose outcome could not be read). Begun less ended is those open.
+        self.begun = 0
+        self.ended = {"committed": 0, "rolled_back": 0, "expired": 0, "unresolved": 0}
         self._sessions: dict[int, _Session] = {}
         self._ended: OrderedDict[int, TxnError] = OrderedDict()
         self._expiring: set[asyncio.Task[None]] = set()
@@ -181,6 +188,7 @@ class Transactions:
             raise UnknownTxn(f"transaction {txn.txn_id} was already begun")
         session = _Session(txn, message.vchannel, context.pin_last_confirmed())
         self._sessions[txn.txn_id] = session
+        self.begun += 1
         try:
             result = await call_next(message)
         except BaseException:
@@ -239,7 +247,7 @@ class Transactions:
         except BaseException as exc:
             self._end(session, TxnAborted(f"transaction {txn_id}: its commit failed ({exc!r})"))
             raise
-        self._end(session, TxnNotActive(f"transaction {txn_id} is committed"))
+        self._end(session, TxnNotActive(f"transaction {txn_id} is committed"), how="committed")
         return result
 
     async def _resolve_commit(self, session: _Session) -> AppendResult:
@@ -250,13 +258,17 @@ class Transactions:
         try:
             found = await _find_end(self._bound(), session)
         except WALError as exc:
-            self._end(session, TxnNotActive(f"transaction {txn_id}: its commit is unresolved"))
+            self._end(
+                session,
+                TxnNotActive(f"transaction {txn_id}: its commit is unresolved"),
+                how="unresolved",
+            )
             raise AppendOutcomeUnknown(
                 f"transaction {txn_id}: the commit may or may not be in the log, and the log"
                 f" could not be read to tell ({exc!r})"
             ) from exc
         if found is not None and found.type is MessageType.COMMIT_TXN:
-            self._end(session, TxnNotActive(f"transaction {txn_id} is committed"))
+            self._end(session, TxnNotActive(f"transaction {txn_id} is committed"), how="committed")
             return AppendResult(found.message_id, found.timetick, found.last_confirmed_id)
         error = TxnAborted(f"transaction {txn_id}: its commit was not written; rolled back")
         await self._abort(session, error)
@@ -330,15 +342,25 @@ class Transactions:
         finally:
             context.unpin(pin)
 
-    def _end(self, session: _Session, error: TxnError, *, keep_pin: bool = False) -> object | None:
-        """End ``session`` with ``error`` (what its later calls raise). Returns the
-        session's last-confirmed pin if ``keep_pin`` (the caller releases it once the
+    def _end(
+        self,
+        session: _Session,
+        error: TxnError,
+        *,
+        keep_pin: bool = False,
+        how: str = "rolled_back",
+    ) -> object | None:
+        """End ``session`` with ``error`` (what its later calls raise), counted in
+        ``ended`` as ``how`` ("expired" for a ``TxnExpired``). Returns the session's
+        last-confirmed pin if ``keep_pin`` (the caller releases it once the
         transaction's end is in the log), else releases it; returns None if the session
         had already ended."""
         txn_id = session.context.txn_id
         pin = session.pin
         if pin is None:
             return None
+        how = "expired" if isinstance(error, TxnExpired) else how
+        self.ended[how] += 1
         if not keep_pin:
             self._bound().unpin(pin)
         session.pin = None

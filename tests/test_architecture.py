@@ -32,6 +32,9 @@ DEFERRED_IMPORTS = {
     ("walsvc.spark._source", "walsvc.spark._writer"),
     # `walsvc flush` without the spark extra says which extra to install.
     ("walsvc.apps._flush_command", "walsvc.spark"),
+    # The metrics extra is optional: `walsvc serve --metrics-port` without it says which
+    # extra to install, and every other command runs without it.
+    ("walsvc.apps._serve_command", "walsvc.metrics"),
     # Run by spark-submit as a file: its directory is sys.path[0] until main() drops it.
     ("walsvc.apps._flush_app", "walsvc.apps._cli"),
 }

@@ -293,7 +293,7 @@ async def test_many_released_keys_leave_no_trace_in_the_window(tmp_path: Path) -
             assert all(isinstance(o, walsvc.MessageTooLarge) for o in outcomes[:-1])
             assert isinstance(outcomes[-1], AppendResult)
         assert len(dedup) == 13  # "warm" and the twelve that landed
-        assert len(dedup._order) <= 2 * len(dedup) + 1024
+        assert len(dedup._keys.order) <= 2 * len(dedup) + 1024
         again = await asyncio.gather(*(wal.append(keyed(f"ok{r}")) for r in range(12)))
         log = await log_of(wal)
     assert [r.message_id for r in again] == [

@@ -1,6 +1,6 @@
-"""The examples users copy run as written: README's first example and the docstring
-example of ``walsvc.testing.memory_wal``; and what a default read delivers (the data
-you appended, not the WAL's own TimeTicks)."""
+"""The examples users copy run as written: the first example of README's tour and of the
+docs' Getting started page, and the docstring example of ``walsvc.testing.memory_wal``;
+and what a default read delivers (the data you appended, not the WAL's own TimeTicks)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import re
 import textwrap
 from pathlib import Path
 
+import pytest
 from _chain_support import FakeClock, member, open_manual
 
 import scanners
@@ -18,23 +19,22 @@ from interceptors import TimetickSync
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.testing import memory_wal
 
-_README = Path(__file__).resolve().parent.parent / "README.md"
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-async def test_the_readmes_first_example_prints_the_appended_message(
-    tmp_path: Path, monkeypatch: object
-) -> None:
-    first = _python_blocks(_README.read_text())[0]
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+async def test_the_first_example_prints_the_appended_message(page: str, tmp_path: Path) -> None:
+    first = _python_blocks((_ROOT / page).read_text())[0]
     assert 'open_wal("file://walsvc-data"' in first
     code = first.replace("file://walsvc-data", f"file://{tmp_path / 'data'}")
     lines = [line for line in code.splitlines() if not line.startswith("import")]
     body = "async def example():\n" + textwrap.indent("\n".join(lines), "    ")
     namespace: dict[str, object] = {}
-    exec("import walsvc, scanners\n" + body, namespace)  # the README's code, as written
+    exec("import walsvc, scanners\n" + body, namespace)  # the page's code, as written
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         async with asyncio.timeout(30):

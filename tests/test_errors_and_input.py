@@ -111,9 +111,10 @@ async def test_append_rejects_what_is_not_a_message() -> None:
 
 
 def readme_appendable_types() -> tuple[set[str], set[str]]:
-    """The types README's "Which types you append" names as yours, and the ones it says
-    walsvc refuses (the backticked upper-case names before and after "system types")."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """The types the docs' "Which types you append" (docs/getting-started.md) names as
+    yours, and the ones it says walsvc refuses (the backticked upper-case names before and
+    after "system types")."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "getting-started.md").read_text()
     start = text.index("- **Which types you append**")
     bullet = text[start : text.index("\n- **", start + 1)]
     yours, _, refused = bullet.partition("The system types")

@@ -20,7 +20,7 @@ async def test_the_fault_schedule(paused_broker: Any, seed: random.Random) -> No
         fresh(),
         seed,
         {"request_timeout": 1.5, "connect_timeout": 20.0, "close_timeout": 2.0},
-        seconds=12.0,
+        seconds=8.0,
     )
     await schedule.run()
     print(await schedule.verify())

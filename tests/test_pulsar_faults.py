@@ -19,7 +19,7 @@ async def test_the_fault_schedule(own_broker: PulsarLite, seed: random.Random) -
         pchannel(),
         seed,
         {"operation_timeout": 2.0, "connect_timeout": 20.0, "close_timeout": 2.0},
-        seconds=12.0,
+        seconds=8.0,
     )
     await schedule.run()
     print(await schedule.verify())

@@ -1,7 +1,8 @@
 """``walsvc serve``: run a node that serves the pchannels of one log over the network.
 
 Prints one line, ``walsvc node serving URL at walsvc://HOST:PORT``, once it listens (a
-supervisor or test reads the bound port from it), then serves until SIGTERM or Ctrl-C
+supervisor or test reads the bound port from it; with ``--metrics-port`` a second,
+``walsvc node metrics at http://HOST:PORT/metrics``), then serves until SIGTERM or Ctrl-C
 (SIGINT). Then it drains (``NodeServer.drain``: ``GoingAway`` to every client, every
 request received answered, streams ended, WALs closed) for at most ``--drain-timeout``
 seconds and exits 0; a second signal cuts the drain short.
@@ -21,6 +22,7 @@ import logging
 import signal
 import ssl
 import sys
+from types import ModuleType
 from typing import Any
 
 from walsvc.core._errors import WALError
@@ -69,6 +71,17 @@ def add_serve_parser(commands: Any) -> None:
         default=30.0,
         metavar="S",
         help="on SIGTERM or SIGINT, finish what clients asked within this time (%(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int_at_least(0),
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra;"
+        " HOST: --metrics-host); port 0: any free port, printed",
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", help="where --metrics-port listens (%(default)s)"
     )
     limits = parser.add_argument_group("limits on each peer (a peer over one is cut off)")
     default = NodeLimits()
@@ -142,8 +155,24 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with serve(args.url, args.listen, token=token, tls=tls, limits=limits, **options) as node:
+    metrics = _metrics_module() if args.metrics_port is not None else None
+    if metrics is not None:
+        metrics.enable()  # before the node opens its first WAL
+    async with contextlib.AsyncExitStack() as stack:
+        node = await stack.enter_async_context(
+            serve(args.url, args.listen, token=token, tls=tls, limits=limits, **options)
+        )
+        if metrics is not None:
+            metrics.watch_node(node)
+            exporter = await metrics.serve_metrics(
+                metrics.REGISTRY, args.metrics_host, args.metrics_port
+            )
+            stack.push_async_callback(exporter.wait_closed)
+            stack.callback(exporter.close)
         print(f"walsvc node serving {args.url} at {node.node_url}", flush=True)
+        if metrics is not None:
+            host, port = exporter.sockets[0].getsockname()[:2]
+            print(f"walsvc node metrics at http://{host}:{port}/metrics", flush=True)
         await stop.wait()
         stop.clear()
         print(f"walsvc node draining (at most {args.drain_timeout:g} s)", flush=True)
@@ -156,6 +185,17 @@ async def _serve(args: argparse.Namespace) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await draining
     print("walsvc node stopped", flush=True)
+
+
+def _metrics_module() -> ModuleType:
+    """``walsvc.metrics``, or a ``UsageError`` naming the extra it needs."""
+    try:
+        import walsvc.metrics as metrics
+    except ImportError as exc:
+        raise UsageError(
+            f"--metrics-port needs the metrics extra: pip install 'walsvc[metrics]' ({exc})"
+        ) from exc
+    return metrics
 
 
 def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:

@@ -16,6 +16,7 @@ from walsvc.core._errors import InvalidArgument
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage
+from walsvc.core._metrics import WALMetrics
 
 if TYPE_CHECKING:
     from walsvc.backends._subscriptions import SubscriptionStore
@@ -137,6 +138,12 @@ class Backend(ABC):
         ``Redo`` retries it) or ``AppendOutcomeUnknown`` (some may have been stored: the
         store cannot tell, so nothing retries blindly).
         """
+
+    def record_into(self, metrics: WALMetrics) -> None:
+        """Add the backend's own figures (a file log's commits, bytes written and
+        segment rollovers) to ``metrics`` from now on; the WAL calls it once, at open,
+        when metrics are on. By default the backend has none of its own."""
+        return None
 
     def append_now(self, records: Sequence[bytes]) -> Sequence[MessageId]:
         """``append`` for a backend with ``immediate_acks``: the records are durable when

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import final
 
 from walsvc.backends._subscriptions import (
@@ -15,6 +16,7 @@ from walsvc.backends._subscriptions import (
 )
 from walsvc.core._deliver import Checkpoint
 from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALClosed, WALError
+from walsvc.core._metrics import WALMetrics
 
 __all__ = ("CheckpointWriter",)
 
@@ -47,6 +49,7 @@ class CheckpointWriter:
         "_scope",
         "_store",
         "_timer",
+        "metrics",
         "name",
         "pending",
         "writes",
@@ -87,6 +90,8 @@ class CheckpointWriter:
         self._timer: asyncio.TimerHandle | None = None
         self._last_start = -math.inf
         self._closed = False
+        #: Where the time of each successful write is counted (None: not counted).
+        self.metrics: WALMetrics | None = None
 
     def note(self, checkpoint: Checkpoint) -> None:
         """Record ``checkpoint`` as acknowledged if its timetick is greater than every one
@@ -185,6 +190,7 @@ class CheckpointWriter:
     async def _write(self, checkpoint: Checkpoint) -> None:
         """The in-flight write: never raises (but for cancellation); a failure is kept in
         ``_failure`` for the next call to raise."""
+        started = time.perf_counter()
         try:
             await self._store.save(self.name, checkpoint, self._scope)
         except asyncio.CancelledError:
@@ -205,6 +211,8 @@ class CheckpointWriter:
             if self._failure is None:
                 self._failure = failure
             return
+        if self.metrics is not None:
+            self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
         self._inflight = None
         written = self.written
         if written is None or checkpoint.timetick > written.timetick:

@@ -22,6 +22,7 @@ the newest message's tick). Every other scanner waits for data only
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final, final
@@ -34,6 +35,8 @@ from walsvc.core._deliver import Checkpoint, DeliverPolicy
 from walsvc.core._errors import InvalidArgument, WALClosed
 from walsvc.core._filter import Filter
 from walsvc.core._message import ImmutableMessage, MessageType
+from walsvc.core._metrics import WALMetrics
+from walsvc.core._timetick import physical_ms
 
 from ._checkpoints import CheckpointWriter
 from ._source import LogSource
@@ -84,6 +87,7 @@ class LocalScanner(Scanner):
         "_dropped_tick",
         "_floor",
         "_last_out",
+        "_metrics",
         "_noted_tick",
         "_on_close",
         "_open_source",
@@ -111,8 +115,10 @@ class LocalScanner(Scanner):
         ordered: bool = True,
         txn_buffer_bytes: int = 64 << 20,
         subscription: Subscription | None = None,
+        metrics: WALMetrics | None = None,
     ) -> None:
         super().__init__()
+        self._metrics = metrics
         self._open_source = open_source
         self._on_close = on_close
         self._user_closed = False
@@ -181,6 +187,7 @@ class LocalScanner(Scanner):
             start=start,
             scope=subscription.scope,
         )
+        self._checkpoints.metrics = self._metrics
         deliver = self._deliver if start is None else DeliverPolicy.from_checkpoint(start)
         return self._start(deliver)
 
@@ -214,6 +221,8 @@ class LocalScanner(Scanner):
                 if batch:
                     self._delivered += len(batch)
                     self._last_out, self._acked_last = batch[-1], False
+                    if self._metrics is not None:
+                        _count_delivered(self._metrics, batch)
                     return batch
         except WALClosed:
             if self._user_closed:
@@ -300,6 +309,11 @@ class LocalScanner(Scanner):
         )
 
     @property
+    def subscription_name(self) -> str | None:
+        """The durable subscription this scanner reads (None: it reads without one)."""
+        return None if self._subscription is None else self._subscription.name
+
+    @property
     def switches(self) -> int:
         """How often the source switched between the tail cache and the backend (its
         hand-offs plus fallbacks; -1 before it started): ``stats().source`` changes only
@@ -343,3 +357,13 @@ class LocalScanner(Scanner):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _count_delivered(metrics: WALMetrics, batch: Sequence[ImmutableMessage]) -> None:
+    """Count ``batch`` handed to a reader, and the time since its newest message's
+    timetick (its append; wall-clock milliseconds) once per message of it."""
+    count = len(batch)
+    metrics.consumed_messages += count
+    metrics.read_batches.observe(count)
+    behind_ms = time.time() * 1000.0 - physical_ms(batch[-1].timetick)
+    metrics.deliver_seconds.observe(max(behind_ms, 0.0) / 1000.0, count)

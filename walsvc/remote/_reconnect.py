@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from walsvc.core._errors import BackendUnavailable, SubscriptionBusy, WALError
+from walsvc.core._metrics import CLIENT
 
 from ._dial import NodeSocket, dial
 from ._protocol import ErrorCode, Ping
@@ -74,6 +75,7 @@ def socket_lost(conn: Connection, socket: NodeSocket, reason: str) -> None:
         conn._fail_all(BackendUnavailable(reason))
         return
     _log.info("%s; reconnecting", reason)
+    CLIENT.connections_lost += 1
     conn._keep_resendable(reason, conn.where)
     if not conn._reconnecting:  # else the running attempt dials again
         conn._reconnecting = True
@@ -95,6 +97,7 @@ async def reconnect(conn: Connection, reason: str) -> None:
             )
             await restore(conn, socket)
             conn.reconnects += 1
+            CLIENT.reconnects += 1
             return
         except BackendUnavailable as exc:
             last = exc

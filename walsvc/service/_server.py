@@ -44,7 +44,7 @@ from walsvc.wal._wal import LocalWAL
 from ._drain import DRAINING, drain_node
 from ._limits import Watchdog, keep_alive
 from ._session import Session
-from ._status import host_port, node_status
+from ._status import host_port, node_gauges, node_status
 from ._txns import NodeTxns
 from ._wire import encode
 
@@ -97,6 +97,10 @@ class NodeServer:
     def address(self) -> tuple[str, int]:
         """The host and port the node listens on."""
         return self._address
+
+    def gauges(self) -> dict[str, float]:
+        """The node's figures for a metrics scrape, now (see ``node_gauges``)."""
+        return node_gauges(self)
 
     async def status(self) -> NodeStatus:
         """The node's status now (a ``NodeStatus``: what ``walsvc status`` shows)."""

@@ -41,6 +41,7 @@ __all__ = (
     "fit_in_frame",
     "host_port",
     "masked_url",
+    "node_gauges",
     "node_status",
 )
 
@@ -140,6 +141,23 @@ def _connection(session: Session) -> ConnectionStatus:
         streams=streams,
         version=session.version,
     )
+
+
+def node_gauges(node: NodeServer) -> dict[str, float]:
+    """What a metrics scrape reads of ``node`` now: its connections, their streams
+    (and those waiting for the reader's credit: pressure), requests in flight, bytes
+    queued for clients, peers refused, whether it drains. Memory only, no await."""
+    sessions = list(node._live)
+    streams = [stream for session in sessions for _, stream in session.streams.items()]
+    return {
+        "connections": len(sessions),
+        "streams": len(streams),
+        "streams_waiting_for_credit": sum(1 for s in streams if s.waiting_for_credit),
+        "requests_in_flight": sum(len(session.in_flight) for session in sessions),
+        "queued_bytes": sum(session.writer.queued_bytes for session in sessions),
+        "refused_peers": node.refused_peers,
+        "draining": 1 if node.draining else 0,
+    }
 
 
 async def node_status(node: NodeServer) -> NodeStatus:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Iterable, Sequence
-from typing import Final, final
+from typing import Any, Final, final
 
 from scanners._tail_cache import CacheStats, TailCache
 from walsvc.backends._base import Backend
 from walsvc.backends._subscriptions import SubscriptionScope, check_checkpoint_interval
+from walsvc.core._api import ScannerStats
 from walsvc.core._chain import (
     AppendBatchNext,
     AppendNext,
@@ -48,6 +49,7 @@ from walsvc.core._errors import (
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message, MessageType, TxnContext
+from walsvc.core._metrics import WALMetrics, wal_metrics
 from walsvc.core._timetick import TimetickAllocator
 from walsvc.read._scanner import LocalScanner, Subscription
 from walsvc.read._source import LogSource
@@ -57,6 +59,7 @@ from walsvc.write._txn import Txn
 
 from ._api import DEFAULT_TXN_BUFFER_BYTES, WAL
 from ._context import WALContext
+from ._gauges import gauges_of
 from ._txn_replay import read_committed_txn
 
 __all__ = (
@@ -125,6 +128,7 @@ class LocalWAL(WAL):
         "_immediate_acks",
         "_keyed_coalescer",
         "_members",
+        "_metrics",
         "_newest_at_open",
         "_plain_admitters",
         "_plain_batch_chain",
@@ -194,6 +198,28 @@ class LocalWAL(WAL):
         self._tick_listeners: list[TickListener] = []
         self._ready: asyncio.Task[None] | None = None
         self._ready_error: BaseException | None = None
+        self._metrics = self._record_metrics()
+
+    def _record_metrics(self) -> WALMetrics | None:
+        """This WAL's metrics, handed to the parts that count (None while metrics are
+        off: ``walsvc.metrics.enable``)."""
+        metrics = wal_metrics(self._backend.pchannel, self._backend.scheme)
+        if metrics is None:
+            return None
+        self._point.metrics = metrics
+        for coalescer in (self._coalescer, self._keyed_coalescer):
+            if coalescer is not None:
+                coalescer.metrics = metrics
+        if self._writable:
+            self._backend.record_into(metrics)
+        this = weakref.ref(self)
+
+        def snapshot() -> dict[str, Any] | None:
+            wal = this()
+            return None if wal is None or wal.closed else gauges_of(wal)
+
+        metrics.snapshot = snapshot
+        return metrics
 
     def _start(self) -> None:
         """For a writer: start the interceptors' ``ready`` hooks in the background."""
@@ -277,6 +303,25 @@ class LocalWAL(WAL):
         """The newest timetick this writer gave a message (0 before the first): every
         message appended from now on gets a greater one."""
         return self._point.last_tick
+
+    @property
+    def last_durable(self) -> tuple[MessageId | None, int]:
+        """The id and timetick of the newest message this writer made durable (None
+        and -1 before its first)."""
+        return self._point.last_acked, self._point.last_acked_tick
+
+    @property
+    def scanner_count(self) -> int:
+        """How many scanners read this WAL now."""
+        return len(self._scanners)
+
+    def subscription_stats(self) -> list[tuple[str, ScannerStats]]:
+        """Each open scanner of a durable subscription: its name and ``stats()``."""
+        return [
+            (name, scanner.stats())
+            for scanner in list(self._scanners)  # one C call: safe from a scrape's thread
+            if (name := scanner.subscription_name) is not None
+        ]
 
     @property
     def interceptors(self) -> tuple[ChainMember, ...]:
@@ -544,6 +589,7 @@ class LocalWAL(WAL):
             ordered=self._backend.ticks_in_log_order,
             txn_buffer_bytes=txn_buffer_bytes,
             subscription=claimed,
+            metrics=self._metrics,
         )
         self._scanners.add(scanner)
         return scanner

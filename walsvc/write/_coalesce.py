@@ -31,11 +31,13 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Sequence
 from itertools import repeat
+from time import perf_counter
 from typing import Any, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge
 from walsvc.core._message import AppendResult, Message
+from walsvc.core._metrics import BatchClock, WALMetrics
 
 __all__ = ("AppendCoalescer", "KeyedCoalescer", "Outcome", "outcome_of")
 
@@ -51,10 +53,13 @@ class _Coalescer:
     ``submit_group`` messages and one future; the first submit of a loop iteration
     starts the task that takes the batch."""
 
-    __slots__ = ("_futures", "_groups", "_loop", "_messages", "_running")
+    __slots__ = ("_futures", "_groups", "_loop", "_messages", "_running", "metrics")
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Where each batch's time to append is counted, once per message (None: not
+        #: counted).
+        self.metrics: WALMetrics | None = None
         # The batch being gathered: message i is answered through future i (a group's
         # future stands for each of its messages).
         self._messages: list[Message] = []
@@ -97,7 +102,10 @@ class _Coalescer:
         # producers woken with this one), and takes everything queued by then. Tasks
         # start in the order they are created, so batches reach the serialization
         # point in submission order.
-        task = loop.create_task(self._append_queued())
+        metrics = self.metrics
+        task = loop.create_task(
+            self._append_queued() if metrics is None else self._append_timed(metrics)
+        )
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -115,6 +123,28 @@ class _Coalescer:
 
     async def _append_queued(self) -> None:
         raise NotImplementedError
+
+    async def _append_timed(self, metrics: WALMetrics) -> None:
+        """``_append_queued``, counting its time once per message of the batch (which
+        it takes in this same step: nothing joins it after this count), and splitting
+        it into the chain's share and the ack's (``BatchClock``)."""
+        count, started = len(self._messages), perf_counter()
+        clock = BatchClock()
+        first = id(self._messages[0])
+        clocks = metrics.clocks
+        clocks[first] = clock
+        try:
+            await self._append_queued()
+        finally:
+            if clocks.get(first) is clock:  # (the same Message in two batches: the later's)
+                del clocks[first]
+            ended = perf_counter()
+            metrics.append_seconds.observe(ended - started, count)
+            if clock.serializations == 1:
+                ack = ended - clock.acked_at
+                chain = ended - started - clock.encode - clock.commit - ack
+                metrics.ack_seconds.observe(ack)
+                metrics.chain_seconds.observe(max(chain, 0.0))
 
     async def drain(self) -> None:
         """Wait until every batch, the queued one included, has been appended (or

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import types
 from collections.abc import Callable, Iterable, Sequence
+from time import perf_counter
 from typing import Final, final
 
 from scanners._tail_cache import TailCache
@@ -38,6 +39,7 @@ from walsvc.core._codec import (
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge, WALError
 from walsvc.core._ids import MessageId
 from walsvc.core._message import NO_PROPERTIES, AppendResult, ImmutableMessage, Message
+from walsvc.core._metrics import WALMetrics
 from walsvc.core._timetick import TimetickAllocator
 
 __all__ = ("CONFIRM_STEP", "SerializationPoint")
@@ -68,6 +70,7 @@ class SerializationPoint:
         "last_acked",
         "last_acked_tick",
         "last_tick",
+        "metrics",
         "on_activity",
         "pins",
     )
@@ -98,6 +101,9 @@ class SerializationPoint:
         #: Called before each message is encoded while set (the timetick sync's wake-up
         #: for an idle WAL: ``WALContext.wake_on_activity``).
         self.on_activity: Callable[[], object] | None = None
+        #: Where appends are counted (messages, bytes, batch sizes, the encode and
+        #: commit stages, errors by type); None: not counted.
+        self.metrics: WALMetrics | None = None
         self._confirmed: MessageId | None = None
         self._confirmed_tick = 0
         self._ext_id: MessageId | None = None  # the last-confirmed id _ext encodes
@@ -157,16 +163,20 @@ class SerializationPoint:
     async def serialize(self, message: Message) -> AppendResult:
         """The innermost step of every chain: tick, last-confirmed id, envelope, backend,
         and (once acknowledged) the tail cache."""
+        metrics = self.metrics
+        started = perf_counter() if metrics is not None else 0.0
         record, tick, last_confirmed = self.encode(message)
         # Nothing may await between encode (which allocates the tick) and the backend
         # call (the serialization point): that keeps log order equal to tick order.
         cache = self.cache
         try:
             acked = self._backend.append((record,))
-        except WALError:
+        except WALError as exc:
+            self._count_failure(exc)
             raise
         except Exception as exc:
             raise self._outcome_unknown(exc) from exc
+        encoded = perf_counter() if metrics is not None else 0.0
         slot = cache.reserve(1) if cache is not None else -1
         try:
             ids = await acked
@@ -175,19 +185,28 @@ class SerializationPoint:
                 cache.lose(slot, 1)
             if isinstance(exc, Exception) and not isinstance(exc, WALError):
                 raise self._outcome_unknown(exc) from exc
+            self._count_failure(exc)
             raise
+        if metrics is not None:
+            _count_batch(metrics, started, encoded, 1, id(message))
         return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
 
     def serialize_now(self, message: Message) -> AppendResult:
         """``serialize`` on a backend whose appends are durable when made
         (``Backend.append_now``): the same steps, without an ``await``."""
+        metrics = self.metrics
+        started = perf_counter() if metrics is not None else 0.0
         record, tick, last_confirmed = self.encode(message)
+        encoded = perf_counter() if metrics is not None else 0.0
         try:
             ids = self._backend.append_now((record,))
-        except WALError:
+        except WALError as exc:
+            self._count_failure(exc)
             raise
         except Exception as exc:
             raise self._outcome_unknown(exc) from exc
+        if metrics is not None:
+            _count_batch(metrics, started, encoded, 1, id(message))
         cache = self.cache
         slot = cache.reserve(1) if cache is not None else -1
         return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
@@ -272,6 +291,8 @@ class SerializationPoint:
 
     async def serialize_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
         """``serialize`` for a batch: contiguous in the log, one backend call."""
+        metrics = self.metrics
+        started = perf_counter() if metrics is not None else 0.0
         records, ticks, confirmed = self.encode_batch(messages)
         if not records:
             return []
@@ -279,10 +300,12 @@ class SerializationPoint:
         cache = self.cache
         try:
             acked = self._backend.append(records)
-        except WALError:
+        except WALError as exc:
+            self._count_failure(exc)
             raise
         except Exception as exc:
             raise self._outcome_unknown(exc) from exc
+        encoded = perf_counter() if metrics is not None else 0.0
         slot = cache.reserve(count) if cache is not None else -1
         try:
             ids = await acked
@@ -291,7 +314,10 @@ class SerializationPoint:
                 cache.lose(slot, count)
             if isinstance(exc, Exception) and not isinstance(exc, WALError):
                 raise self._outcome_unknown(exc) from exc
+            self._count_failure(exc)
             raise
+        if metrics is not None:
+            _count_batch(metrics, started, encoded, count, id(messages[0]))
         self.last_acked = ids[-1]
         self.last_acked_tick = ticks[-1]
         if len(ids) != count:
@@ -330,8 +356,34 @@ class SerializationPoint:
             self._term,
         )
 
+    def _count_failure(self, error: BaseException) -> None:
+        """Count a failed append (by its error's type) if metrics are on."""
+        if self.metrics is not None:
+            self.metrics.failed(type(error).__name__)
+
     def _outcome_unknown(self, exc: Exception) -> AppendOutcomeUnknown:
+        if self.metrics is not None:
+            self.metrics.failed(AppendOutcomeUnknown.__name__)
         return AppendOutcomeUnknown(
             f"appending to {self._backend.pchannel!r} failed after the record(s) were handed to the"
             f" backend ({exc!r}); they may or may not be in the log"
         )
+
+
+def _count_batch(
+    metrics: WALMetrics, started: float, encoded: float, count: int, first: int
+) -> None:
+    """Count ``count`` messages made durable in one backend call, encoded from
+    ``started`` to ``encoded`` and acknowledged now; tell the coalescer of the batch
+    whose first message's ``id`` is ``first``, if one times it."""
+    acked = perf_counter()
+    metrics.append_messages += count
+    metrics.append_batches.observe(count)
+    metrics.encode_seconds.observe(encoded - started)
+    metrics.stage_commit_seconds.observe(acked - encoded)
+    clock = metrics.clocks.get(first)
+    if clock is not None:  # a coalesced batch: its coalescer splits the rest of its time
+        clock.encode += encoded - started
+        clock.commit += acked - encoded
+        clock.acked_at = acked
+        clock.serializations += 1

@@ -33,6 +33,7 @@ from walsvc.core._errors import (
 )
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
+from walsvc.core._metrics import WALMetrics
 
 from ._directory import LogDirectory, fsync_directory
 from ._format import segment_seq
@@ -136,6 +137,10 @@ class FileBackend(Backend):
         # removes those no live scanner can still be writing.
         await asyncio.get_running_loop().run_in_executor(None, backend.subscriptions().sweep)
         return backend
+
+    def record_into(self, metrics: WALMetrics) -> None:
+        if self._writer is not None:
+            self._writer.metrics = metrics
 
     def append(self, records: Sequence[bytes]) -> asyncio.Future[list[FileMessageId]]:
         if self._writer is None:

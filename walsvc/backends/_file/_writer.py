@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,7 @@ from walsvc.core._errors import (
     WALError,
     WALFenced,
 )
+from walsvc.core._metrics import WALMetrics
 
 from ._directory import LogDirectory, fsync_directory
 from ._format import encode_frames
@@ -141,6 +143,7 @@ class GroupCommitWriter:
         "_term",
         "_use_committer",
         "_zeroed_to",
+        "metrics",
     )
 
     def __init__(
@@ -169,9 +172,13 @@ class GroupCommitWriter:
         self._use_committer = _ccommit is not None
         self._committer: _ccommit.Committer | None = None
         self._notify_fd = -1
-        # The batch the committer has: (calls, first seq, count, offset, segment, size).
-        self._committing: tuple[list[_Call], int, int, int, int, int] | None = None
+        # The batch the committer has: (calls, first seq, count, offset, segment, size,
+        # perf_counter at its hand-off).
+        self._committing: tuple[list[_Call], int, int, int, int, int, float] | None = None
         self._pid = os.getpid()
+        #: Where each commit's time, records and bytes and each new segment are counted
+        #: (set by ``FileBackend.record_into``; None: not counted).
+        self.metrics: WALMetrics | None = None
         _writers.add(self)
 
     @property
@@ -217,6 +224,7 @@ class GroupCommitWriter:
             return
         first = self._next_seq
         offset, segment = self._offset, self._segment  # before the thread moves them
+        started = time.perf_counter() if self.metrics is not None else 0.0
         try:
             data = encode_frames(first, records)
             last_timetick = timetick_of(records[-1])
@@ -235,7 +243,15 @@ class GroupCommitWriter:
                 except OSError:  # no thread for it: the workers take every batch from now on
                     self._use_committer = False
                 else:
-                    self._committing = (calls, first, len(records), offset, segment, len(data))
+                    self._committing = (
+                        calls,
+                        first,
+                        len(records),
+                        offset,
+                        segment,
+                        len(data),
+                        started,
+                    )
                     self._in_flight = True
                     return
             written = _worker_pool().submit(self._write, data, first, len(records), last_timetick)
@@ -246,9 +262,18 @@ class GroupCommitWriter:
         self._in_flight = True
         loop = self._loop
         assert loop is not None
+        size = len(data)
         written.add_done_callback(
             lambda done: loop.call_soon_threadsafe(
-                self._finish, done.exception(), calls, first, len(records), offset, segment
+                self._finish,
+                done.exception(),
+                calls,
+                first,
+                len(records),
+                offset,
+                segment,
+                size,
+                started,
             )
         )
 
@@ -298,7 +323,7 @@ class GroupCommitWriter:
         assert committer is not None
         assert batch is not None
         self._committing = None
-        calls, first, count, offset, segment, size = batch
+        calls, first, count, offset, segment, size, started = batch
         error: BaseException | None
         try:
             status, value = committer.outcome()
@@ -308,7 +333,7 @@ class GroupCommitWriter:
             error = self._error_of(status, value)
             if error is None:
                 self._offset = offset + size
-        self._finish(error, calls, first, count, offset, segment)
+        self._finish(error, calls, first, count, offset, segment, size, started)
 
     def _error_of(self, status: int, value: int) -> BaseException | None:
         """The error a commit thread's outcome means (None: the batch is written)."""
@@ -337,9 +362,19 @@ class GroupCommitWriter:
         count: int,
         offset_before: int,
         segment_before: int,
+        size: int,
+        started: float,
     ) -> None:
-        """On the loop, once the commit or worker thread is done with a batch."""
+        """On the loop, once the commit or worker thread is done with a batch (``size``
+        bytes, handed off at ``started``)."""
         self._in_flight = False
+        metrics = self.metrics
+        if metrics is not None and error is None:
+            metrics.commit_seconds.observe(time.perf_counter() - started)
+            metrics.commit_records.observe(count)
+            metrics.written_bytes += size
+            if self._segment != segment_before:
+                metrics.segment_rollovers += 1
         if error is None:
             index = self._directory.index
             index.note(

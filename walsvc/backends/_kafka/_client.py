@@ -5,12 +5,16 @@ paused when the WAL opens may come back within it); every client stop is bounded
 ``STOP_WITHIN`` seconds, after which its connections are aborted (a broker that does
 not answer would otherwise hold a graceful stop for a request timeout or more).
 aiokafka's exceptions become ``BackendUnavailable`` here.
+
+aiokafka's own log lines for the connection faults walsvc retries and reports are
+demoted to DEBUG (see ``HandledFaults``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -24,7 +28,9 @@ from walsvc.core._errors import BackendUnavailable
 from ._options import KafkaOptions
 
 __all__ = (
+    "HANDLED_FAULTS",
     "STOP_WITHIN",
+    "HandledFaults",
     "caller_cancelled",
     "ms",
     "new_admin",
@@ -33,6 +39,56 @@ __all__ = (
     "start_client",
     "stop_quietly",
 )
+
+#: The logger ``aiokafka.client`` logs to (the package's, not the module's).
+_AIOKAFKA_CLIENT_LOG: Final = "aiokafka"
+
+#: aiokafka's messages (their format strings, logged by ``aiokafka.client``) for a broker it
+#: cannot connect to or get metadata from: what ``start_client`` retries until
+#: ``connect_timeout`` and then reports as one ``BackendUnavailable`` naming the servers
+#: and the last fault, and what an outage of a WAL in use produces until a call of it
+#: fails or the broker is back.
+HANDLED_FAULTS: Final = frozenset(
+    {
+        'Unable connect to "%s:%s": %s',
+        'Unable to request metadata from "%s:%s": %s',
+        "Unable to request metadata from node with id %s: %r",
+        "Unable to update metadata from %s",
+        "Unable connect to node with id %s: %s",
+    }
+)
+
+
+class HandledFaults(logging.Filter):
+    """A filter of the logger of ``aiokafka.client`` (``aiokafka``) that demotes the
+    records of ``HANDLED_FAULTS`` (ERROR and WARNING there: one per attempt, a dozen
+    within a ``connect_timeout`` of 10 s before walsvc's own error) to DEBUG, and drops them
+    unless that logger is enabled for DEBUG: an application that logs aiokafka at DEBUG
+    still sees them, one that does not sees walsvc's error only.
+
+    It matches the format string, not the text, so it only touches those five
+    messages; every other aiokafka record passes as it is. Installed once, when the
+    ``kafka://`` backend is first imported; like any logger filter it applies to every
+    aiokafka client of the process. walsvc never configures handlers or the root logger.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if record.levelno <= logging.DEBUG or not isinstance(msg, str):
+            return True
+        if msg not in HANDLED_FAULTS:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def _install_filter() -> None:
+    logger = logging.getLogger(_AIOKAFKA_CLIENT_LOG)
+    if not any(isinstance(f, HandledFaults) for f in logger.filters):
+        logger.addFilter(HandledFaults())
+
+
+_install_filter()
 
 #: Seconds a client's graceful stop may take before its connections are aborted.
 STOP_WITHIN: Final = 1.0

@@ -104,7 +104,7 @@ class PulsarBackend(Backend):
         try:
             # Reach the broker now (an unreachable one fails the open, within the
             # timeout) and refuse a partitioned topic before anything is written.
-            await _within(parsed.connect_timeout, _look_up(client, topic), location)
+            await _reach(parsed.connect_timeout, _look_up(client, topic, location), location)
             if read_only:
                 return cls(client, location, topic, pchannel, parsed, None, None)
             producer = await _within(
@@ -233,17 +233,52 @@ async def _within(seconds: float, awaitable: Any, location: str) -> Any:
             return await awaitable
     except TimeoutError:
         raise BackendUnavailable(
-            f"Pulsar broker at {location} did not answer within {seconds} s"
+            f"Pulsar broker at pulsar://{location} did not answer within {seconds} s"
         ) from None
 
 
-async def _look_up(client: pulsar_asyncio.Client, topic: str) -> None:
+async def _reach(seconds: float, look_up: Any, location: str) -> None:
+    """``_within`` for the open's first call to the broker: a look-up that times out
+    raises ``BackendUnavailable`` saying why, as far as a plain TCP connection to the
+    broker's address tells (refused, unresolved, unanswered): the pulsar-client lines that
+    said so are off (see ``_client.client_logger``)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await look_up
+    except TimeoutError:
+        why = await _why_unreachable(location)
+        raise BackendUnavailable(
+            f"cannot reach the Pulsar broker at pulsar://{location} within {seconds} s"
+            f" (connect_timeout): {why}"
+        ) from None
+
+
+#: Seconds the diagnosis of an unreachable broker may take (on the failure path only).
+_PROBE_WITHIN = 1.0
+
+
+async def _why_unreachable(location: str) -> str:
+    host, _, port = location.rpartition(":")
+    try:
+        async with asyncio.timeout(_PROBE_WITHIN):
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    except TimeoutError:
+        return f"a TCP connection to it did not open within {_PROBE_WITHIN} s"
+    except ConnectionRefusedError:
+        return "a TCP connection to it was refused (nothing listens there)"
+    except OSError as exc:
+        return f"a TCP connection to it failed ({exc.strerror or exc})"
+    writer.close()
+    return "it accepts TCP connections but did not answer the Pulsar look-up"
+
+
+async def _look_up(client: pulsar_asyncio.Client, topic: str, location: str) -> None:
     """Reach the broker, and refuse a partitioned topic (``InvalidArgument``): a pchannel
     is one totally ordered log."""
     try:
         partitions = await client.get_topic_partitions(topic)
     except PULSAR_ERRORS as exc:
-        raise translate(exc, f"cannot look up {topic}") from exc
+        raise translate(exc, f"cannot look up {topic} at pulsar://{location}") from exc
     if len(partitions) > 1:
         raise InvalidArgument(
             f"Pulsar topic {topic} has {len(partitions)} partitions; a walsvc pchannel needs"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple, NoReturn, final
@@ -31,9 +32,12 @@ from walsvc.core._errors import (
 from ._ids import PulsarMessageId
 
 __all__ = (
+    "LOG_ENV",
+    "LOG_LEVEL_ENV",
     "PULSAR_ERRORS",
     "Options",
     "call_async",
+    "client_logger",
     "connect",
     "parse_options",
     "pulsar_id",
@@ -45,11 +49,63 @@ __all__ = (
 #: Every exception pulsar-client raises (its C++ errors and the asyncio wrapper's).
 PULSAR_ERRORS: Final = (_pulsar.PulsarException, pulsar_asyncio.PulsarException)
 
-#: pulsar-client's C++ log: errors only, written by the C++ console logger. Never a Python
-#: logger: the client's I/O threads would call it holding a producer's mutex, while
-#: ``flush_async`` (whose binding keeps the GIL) waits on that mutex from the event loop:
-#: a deadlock of the whole process (seen with pulsar-client 3.13 under load).
-_LOGGER: Final = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+#: The variable that turns pulsar-client's own (C++) log on: ``console`` (the process's
+#: stdout) or a file path (appended to). Unset or empty: the log is off.
+LOG_ENV: Final = "WALSVC_PULSAR_LOG"
+#: The level of that log once it is on: ``debug``, ``info`` (default), ``warn`` or ``error``.
+LOG_LEVEL_ENV: Final = "WALSVC_PULSAR_LOG_LEVEL"
+_LEVELS: Final = {
+    "debug": pulsar.LoggerLevel.Debug,
+    "info": pulsar.LoggerLevel.Info,
+    "warn": pulsar.LoggerLevel.Warn,
+    "warning": pulsar.LoggerLevel.Warn,
+    "error": pulsar.LoggerLevel.Error,
+}
+
+
+def client_logger(
+    environ: Mapping[str, str] = os.environ,
+) -> pulsar.FileLogger | pulsar.ConsoleLogger:
+    """The logger of walsvc's pulsar-client clients: by default the client's C++ log goes
+    to ``os.devnull``; ``WALSVC_PULSAR_LOG`` (and ``WALSVC_PULSAR_LOG_LEVEL``) turn it on.
+
+    Why off: the C++ client logs every fault it meets, at ERROR, on the process's stdout,
+    including those walsvc handles: a refused connection is one ERROR line per retry
+    (eight over the default 10 s ``connect_timeout``) before walsvc's own error, and Pulsar
+    Lite's ``UnknownError`` for the last id of an empty topic (which ``last_entry`` reads
+    as "empty") is an ERROR line on the first read of every subscription. walsvc turns
+    every fault that reaches it into one typed error that names the broker, so the
+    client's lines only repeat it (or report what walsvc recovered from); they are for
+    debugging the client itself. The C++ client has no level above ERROR and no filter,
+    hence a file logger on ``os.devnull``.
+
+    Never a Python ``logging.Logger`` (which would let walsvc filter the lines): the
+    client's I/O threads would call it holding a producer's mutex, while ``flush_async``
+    (whose binding keeps the GIL) waits on that mutex from the event loop: a deadlock of
+    the whole process (seen with pulsar-client 3.13 under load).
+
+    The C++ client keeps the logger of the first client created in the process, for
+    every client (walsvc's and any other's): set the variables before the first one.
+    ``InvalidArgument`` for an unknown level or a log file that cannot be opened.
+    """
+    target = environ.get(LOG_ENV, "")
+    if not target:
+        return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    name = environ.get(LOG_LEVEL_ENV, "") or "info"
+    level = _LEVELS.get(name.lower())
+    if level is None:
+        raise InvalidArgument(
+            f"{LOG_LEVEL_ENV} must be one of debug, info, warn, error, not {name!r}"
+        )
+    if target == "console":
+        return pulsar.ConsoleLogger(level)
+    try:  # the C++ logger drops its lines silently if it cannot open the file
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        raise InvalidArgument(f"{LOG_ENV}: cannot open {target!r} for appending: {exc}") from exc
+    return pulsar.FileLogger(level, target)
+
 
 _DEFAULT_PREFIX: Final = "persistent://public/default/walsvc."
 _KNOWN: Final = frozenset(
@@ -124,7 +180,7 @@ def connect(location: str, options: Options) -> pulsar_asyncio.Client:
             url,
             operation_timeout_seconds=max(1, math.ceil(options.operation_timeout)),
             connection_timeout_ms=max(1, int(options.connect_timeout * 1000)),
-            logger=_LOGGER,
+            logger=client_logger(),
         )
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a Pulsar client for {url}") from exc

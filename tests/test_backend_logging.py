@@ -1,0 +1,206 @@
+"""One line per failure: what a user sees on the terminal when a broker cannot be reached,
+or when a broker deviation that walsvc handles shows up.
+
+pulsar-client's C++ logger writes to the process's stdout (not through Python), and
+aiokafka's lines reach stderr through logging's last resort; so every scenario runs in a
+subprocess whose stdout and stderr are read whole. The two unreachable demos each wait
+out the default ``connect_timeout`` (10 s, walsvc's retries: a broker may be starting),
+so they run side by side, started by one fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _pulsar_lite import PulsarLite, broker, pchannel
+
+import walsvc
+from walsvc.backends._pulsar._client import LOG_ENV, LOG_LEVEL_ENV, client_logger
+
+__all__ = ("broker",)
+
+#: Bound on a subprocess (the demos take the 10 s connect_timeout): a guard, not a timing.
+HANG = 60.0
+DEMO = (sys.executable, "-m", "walsvc", "demo")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This environment with the worktree's walsvc first on the path and pulsar-client's
+    log as a user has it by default (unless ``extra`` sets it)."""
+    root = str(Path(walsvc.__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k not in (LOG_ENV, LOG_LEVEL_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return {**env, **extra}
+
+
+def _python(code: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+        check=False,
+    )
+
+
+#: Opens a WAL at argv[1] with a short connect_timeout; prints the error's type only.
+OPEN = """
+    import asyncio, sys, walsvc
+    async def main():
+        try:
+            await walsvc.open_wal(sys.argv[1], "p", connect_timeout=1.0)
+        except walsvc.BackendUnavailable:
+            print("BackendUnavailable", flush=True)
+    asyncio.run(main())
+"""
+
+
+@pytest.fixture(scope="module")
+def closed_port() -> Iterator[int]:
+    """A loopback port that refuses connections (bound, not listening) for the module."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def unreachable_demos(
+    closed_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """``walsvc demo`` on a pulsar:// and a kafka:// URL that refuse connections, both
+    started at once (each takes the 10 s default connect_timeout); killed on exit."""
+    cwd = tmp_path_factory.mktemp("demos")
+    demos = {
+        scheme: subprocess.Popen(
+            [*DEMO, "--url", f"{scheme}://127.0.0.1:{closed_port}", "--messages", "10"],
+            cwd=cwd,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for scheme in ("pulsar", "kafka")
+    }
+    try:
+        yield demos
+    finally:
+        for demo in demos.values():
+            if demo.poll() is None:
+                demo.kill()
+            demo.communicate()
+
+
+def _finish(demo: subprocess.Popen[str]) -> tuple[int, list[str], list[str]]:
+    out, err = demo.communicate(timeout=HANG)
+    return demo.returncode, out.splitlines(), err.splitlines()
+
+
+def test_unreachable_pulsar_url_is_one_error_line(
+    unreachable_demos: dict[str, subprocess.Popen[str]], closed_port: int
+) -> None:
+    status, out, err = _finish(unreachable_demos["pulsar"])
+    assert status == 2
+    assert len(out) == 1, out  # no C++ client line on stdout
+    assert out[0].startswith("walsvc demo: ")
+    assert err == [
+        f"error: cannot reach the Pulsar broker at pulsar://127.0.0.1:{closed_port} within"
+        " 10.0 s (connect_timeout): a TCP connection to it was refused (nothing listens"
+        " there)"
+    ]
+
+
+def test_unreachable_kafka_url_is_one_error_line(
+    unreachable_demos: dict[str, subprocess.Popen[str]], closed_port: int
+) -> None:
+    status, out, err = _finish(unreachable_demos["kafka"])
+    assert status == 2
+    assert len(out) == 1, out
+    assert out[0].startswith("walsvc demo: ")
+    assert len(err) == 1, err  # no aiokafka "Unable connect to ..." line per attempt
+    assert err[0].startswith(f"error: cannot reach Kafka at 127.0.0.1:{closed_port} (admin)")
+
+
+def test_first_subscription_read_on_pulsar_lite_prints_nothing(broker: PulsarLite) -> None:
+    """The first read of a subscription looks up the last id of the empty subscription
+    topic, which Pulsar Lite answers with UnknownError (walsvc reads it as empty); the
+    C++ client logged that as an ERROR line."""
+    result = _python(
+        """
+        import asyncio, sys, walsvc
+        from walsvc import DeliverPolicy, Message
+        async def main():
+            async with await walsvc.open_wal(sys.argv[1], sys.argv[2]) as wal:
+                await wal.append(Message(payload=b"x", vchannel="v"))
+                async with wal.read(DeliverPolicy.all(), subscription="s") as scanner:
+                    async with asyncio.timeout(30):
+                        await anext(scanner)
+            print("read", flush=True)
+        asyncio.run(main())
+        """,
+        broker.url,
+        pchannel(),
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "read\n", "")
+
+
+def test_pulsar_client_log_to_a_file(closed_port: int, tmp_path: Path) -> None:
+    log = tmp_path / "pulsar-client.log"
+    result = _python(OPEN, f"pulsar://127.0.0.1:{closed_port}", **{LOG_ENV: str(log)})
+    assert (result.returncode, result.stdout, result.stderr) == (0, "BackendUnavailable\n", "")
+    lines = log.read_text().splitlines()
+    assert any(" INFO " in line for line in lines)  # the default level once turned on
+    assert any(" ERROR " in line and "Connection refused" in line for line in lines)
+
+
+def test_pulsar_client_log_on_the_console(closed_port: int) -> None:
+    result = _python(
+        OPEN, f"pulsar://127.0.0.1:{closed_port}", **{LOG_ENV: "console", LOG_LEVEL_ENV: "Error"}
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "BackendUnavailable"
+    assert lines[:-1], lines
+    assert all(" ERROR " in line for line in lines[:-1]), lines
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({LOG_ENV: "console", LOG_LEVEL_ENV: "loud"}, "WALSVC_PULSAR_LOG_LEVEL must be one of"),
+        ({LOG_ENV: "/nonexistent-dir/pulsar.log"}, "WALSVC_PULSAR_LOG: cannot open"),
+    ],
+)
+def test_pulsar_client_log_settings_refused(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(walsvc.InvalidArgument, match=message):
+        client_logger(environ)
+
+
+def test_kafka_connect_faults_are_debug_records(
+    closed_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An application that logs aiokafka at DEBUG still sees each attempt's fault, at
+    DEBUG; at WARNING it sees none."""
+
+    async def open_unreachable() -> None:
+        with pytest.raises(walsvc.BackendUnavailable):
+            await walsvc.open_wal(f"kafka://127.0.0.1:{closed_port}", "p", connect_timeout=0.5)
+
+    caplog.set_level(logging.WARNING)
+    asyncio.run(open_unreachable())
+    assert [r for r in caplog.records if r.name.startswith("aiokafka")] == []
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="aiokafka")
+    asyncio.run(open_unreachable())
+    faults = [r for r in caplog.records if r.getMessage().startswith("Unable connect to")]
+    assert faults
+    assert {r.levelname for r in faults} == {"DEBUG"}

@@ -1,0 +1,283 @@
+"""What a WAL counts while it works, for ``walsvc.metrics`` to export.
+
+Recording is off until ``walsvc.metrics.enable`` turns it on (``start_recording``): a
+WAL opened while it is off gets no ``WALMetrics`` and each recording site costs one
+``is None`` test per batch. A WAL opened while it is on gets one ``WALMetrics`` for its
+pchannel; its parts (the serialization point, the coalescers, the backend, the
+interceptors, the scanners) add to it as they work, per batch rather than per message
+wherever a batch exists, in plain ints: nothing here allocates per message, takes a
+lock or does I/O. The collector reads the counters at scrape time and adds the gauges
+(cache, scanners, subscriptions) and the interceptors' own counters (dedup hits,
+transactions) from the WAL's state then (``snapshot``).
+
+Units are Prometheus's base units: seconds and bytes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from typing import Any, Final, final
+
+__all__ = (
+    "BATCH_BUCKETS",
+    "CLIENT",
+    "LATENCY_BUCKETS",
+    "ClientCounters",
+    "Histogram",
+    "WALMetrics",
+    "live_metrics",
+    "recording",
+    "start_recording",
+    "stop_recording",
+    "wal_metrics",
+)
+
+#: Upper bounds of the latency histograms, seconds (50 us to 10 s).
+LATENCY_BUCKETS: Final = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
+#: Upper bounds of the batch-size histograms, messages.
+BATCH_BUCKETS: Final = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0)
+
+
+@final
+class Histogram:
+    """Observations in fixed buckets: ``counts[i]`` holds those at or below
+    ``bounds[i]`` and above ``bounds[i - 1]``; the last count is those above every
+    bound (``+Inf``). ``observe(value, n)`` counts ``value`` ``n`` times (a batch's
+    latency for each of its messages), in one bisect."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """Count ``value`` ``n`` times."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.count += n
+        self.sum += value * n
+
+    def add(self, other: Histogram) -> None:
+        """Add ``other``'s observations (same bounds) to these."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.count += other.count
+        self.sum += other.sum
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """Prometheus's buckets: ``(upper bound, observations at or below it)``, the
+        last one ``+Inf``."""
+        buckets, total = [], 0
+        for bound, count in zip((*map(repr, self.bounds), "+Inf"), self.counts, strict=True):
+            total += count
+            buckets.append((bound, total))
+        return buckets
+
+
+@final
+class WALMetrics:
+    """The counters of one WAL (one pchannel), added to by its parts as they work.
+
+    ``snapshot`` is set by the WAL: called at scrape time, it returns the gauges of its
+    state then (see ``walsvc.metrics``), or None once the WAL is closed.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "ack_seconds",
+        "append_batches",
+        "append_errors",
+        "append_messages",
+        "append_seconds",
+        "chain_seconds",
+        "checkpoint_seconds",
+        "clocks",
+        "commit_records",
+        "commit_seconds",
+        "consumed_messages",
+        "deliver_seconds",
+        "encode_seconds",
+        "fenced",
+        "pchannel",
+        "read_batches",
+        "scheme",
+        "segment_rollovers",
+        "snapshot",
+        "stage_commit_seconds",
+        "written_bytes",
+    )
+
+    def __init__(self, pchannel: str, scheme: str) -> None:
+        self.pchannel = pchannel
+        self.scheme = scheme
+        #: Messages made durable.
+        self.append_messages = 0
+        #: Messages per batch handed to the backend.
+        self.append_batches = Histogram(BATCH_BUCKETS)
+        #: Time to append: from a coalesced batch's start down the chain to its answer,
+        #: once per message of it.
+        self.append_seconds = Histogram(LATENCY_BUCKETS)
+        #: The serialization point's stages, per batch: encoding (ticks and envelopes),
+        #: and the backend's commit (from the call to its acknowledgement).
+        self.encode_seconds = Histogram(LATENCY_BUCKETS)
+        self.stage_commit_seconds = Histogram(LATENCY_BUCKETS)
+        #: The rest of a coalesced batch's time to append, per batch: ``chain`` (the
+        #: interceptors, down and back up) and ``ack`` (from the backend's
+        #: acknowledgement to the answers). Measured for batches that reach the
+        #: serialization point once (see ``BatchClock``).
+        self.chain_seconds = Histogram(LATENCY_BUCKETS)
+        self.ack_seconds = Histogram(LATENCY_BUCKETS)
+        #: The clocks of the coalesced batches being appended, by the ``id`` of each
+        #: batch's first message (see ``BatchClock``).
+        self.clocks: dict[int, BatchClock] = {}
+        #: Appends that failed, by error type name.
+        self.append_errors: dict[str, int] = {}
+        #: Appends refused because a newer writer fenced this one.
+        self.fenced = 0
+        #: The file backend's group commits: seconds per commit (write and fdatasync,
+        #: from the hand-off to its thread to its completion on the loop), records per
+        #: commit, bytes written, segments started.
+        self.commit_seconds = Histogram(LATENCY_BUCKETS)
+        self.commit_records = Histogram(BATCH_BUCKETS)
+        self.written_bytes = 0
+        self.segment_rollovers = 0
+        #: Messages handed to readers, messages per batch handed, and the time from a
+        #: message's timetick (its append) to its delivery, per message.
+        self.consumed_messages = 0
+        self.read_batches = Histogram(BATCH_BUCKETS)
+        self.deliver_seconds = Histogram(LATENCY_BUCKETS)
+        #: Time to write a subscription checkpoint to its store.
+        self.checkpoint_seconds = Histogram(LATENCY_BUCKETS)
+        self.snapshot: Callable[[], dict[str, Any] | None] | None = None
+
+    def histograms(self) -> tuple[Histogram, ...]:
+        """Every histogram, in a fixed order."""
+        return (
+            self.append_batches,
+            self.append_seconds,
+            self.encode_seconds,
+            self.stage_commit_seconds,
+            self.chain_seconds,
+            self.ack_seconds,
+            self.commit_seconds,
+            self.commit_records,
+            self.read_batches,
+            self.deliver_seconds,
+            self.checkpoint_seconds,
+        )
+
+    def add(self, other: WALMetrics) -> None:
+        """Add the counts of ``other`` (another WAL of this pchannel) to these."""
+        self.append_messages += other.append_messages
+        self.fenced += other.fenced
+        self.written_bytes += other.written_bytes
+        self.segment_rollovers += other.segment_rollovers
+        self.consumed_messages += other.consumed_messages
+        for name, count in list(other.append_errors.items()):
+            self.append_errors[name] = self.append_errors.get(name, 0) + count
+        for mine, theirs in zip(self.histograms(), other.histograms(), strict=True):
+            mine.add(theirs)
+
+    def failed(self, name: str) -> None:
+        """Count an append that raised an error of the type named ``name``."""
+        self.append_errors[name] = self.append_errors.get(name, 0) + 1
+        if name == "WALFenced":
+            self.fenced += 1
+
+
+@final
+class BatchClock:
+    """What the serialization point measured of a batch a coalescer times. The
+    coalescer files it in ``WALMetrics.clocks`` under the ``id`` of the batch's first
+    message, which the interceptors pass down unchanged, and the serialization point
+    finds it there: the two ends of one batch meet without passing anything down the
+    chain. (A context variable did the same and cost about 2% of a 64-producer file
+    append: measured.) A batch whose first message was left out or replaced on the way
+    down is not split; nor is one appended message by message."""
+
+    __slots__ = ("acked_at", "commit", "encode", "serializations")
+
+    def __init__(self) -> None:
+        self.encode = 0.0
+        self.commit = 0.0
+        #: ``perf_counter()`` when the backend acknowledged the batch.
+        self.acked_at = 0.0
+        #: How often the batch reached the serialization point (1 for a batch appended
+        #: whole; its stages are split only then).
+        self.serializations = 0
+
+
+@final
+class ClientCounters:
+    """What this process's ``walsvc://`` clients count, whether or not metrics are on
+    (each is an event far rarer than an append)."""
+
+    __slots__ = ("connections_lost", "reconnects")
+
+    def __init__(self) -> None:
+        #: Connections to a node lost while open (each then reconnects or fails).
+        self.connections_lost = 0
+        #: Connections to a node restored after a loss.
+        self.reconnects = 0
+
+
+#: The process's client counters.
+CLIENT: Final = ClientCounters()
+
+# Weak references to the metrics of live WALs; each removes itself when its WAL's
+# metrics are collected.
+_live: set[weakref.ref[WALMetrics]] = set()
+_recording = False
+
+
+def recording() -> bool:
+    """True while WALs opened now get metrics."""
+    return _recording
+
+
+def start_recording() -> None:
+    """Give every WAL opened from now on its ``WALMetrics``."""
+    global _recording
+    _recording = True
+
+
+def stop_recording() -> None:
+    """Stop giving WALs opened from now on metrics (open ones keep theirs)."""
+    global _recording
+    _recording = False
+
+
+def wal_metrics(pchannel: str, scheme: str) -> WALMetrics | None:
+    """A new ``WALMetrics`` for a WAL opening now, known to ``live_metrics`` while the
+    WAL holds it; None while not recording."""
+    if not _recording:
+        return None
+    metrics = WALMetrics(pchannel, scheme)
+    _live.add(weakref.ref(metrics, _live.discard))
+    return metrics
+
+
+def live_metrics() -> Iterator[WALMetrics]:
+    """The metrics of the WALs alive now (a WAL's go with it). The set is copied in
+    one C call first, so a scrape on another thread never sees it change."""
+    return (m for m in [ref() for ref in list(_live)] if m is not None)
