@@ -23,6 +23,7 @@ Lines, each flushed when its event happened::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import itertools
@@ -32,9 +33,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import prometheus_client
 from _impatient import GAVE_UP, impatient_attempt
 
 import walsvc
+import walsvc.metrics
 from walsvc import AppendResult, Message
 
 PCHANNEL = "faults"
@@ -147,6 +150,11 @@ async def main(url: str, round_: int, seed: int, retry: list[list[str]]) -> None
         for n in range(WORK_PER_ROUND)
     )
     work = itertools.chain(((kind, key) for kind, key in retry), fresh)
+    scraping = None
+    if rng.random() < 0.5:  # half the rounds append with metrics on, scraped meanwhile
+        registry = prometheus_client.CollectorRegistry()
+        walsvc.metrics.enable(registry)  # before the WAL opens: only it records
+        scraping = asyncio.get_running_loop().create_task(scrape_while_appending(registry))
     holder = Holder(url)
     await holder.open()
 
@@ -156,9 +164,22 @@ async def main(url: str, round_: int, seed: int, retry: list[list[str]]) -> None
             await do_work(holder, own, kind, key)
 
     await asyncio.gather(*(producer(p) for p in range(PRODUCERS)))
+    if scraping is not None:
+        scraping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await scraping
     say("DONE")
     if holder.wal is not None:
         await holder.wal.aclose()
+
+
+async def scrape_while_appending(registry: prometheus_client.CollectorRegistry) -> None:
+    """Scrape ``registry`` every few milliseconds while the producers work: the
+    recording sites run on the failure paths too (timeouts, cancellations, full disks,
+    reopens), and a scrape must never fail."""
+    while True:
+        assert b"walsvc_client_reconnects_total" in prometheus_client.generate_latest(registry)
+        await asyncio.sleep(0.005)
 
 
 def inject_enospc() -> None:
