@@ -59,13 +59,16 @@ class NodeLog:
         """The lines naming the peer on local port ``port``."""
         return [line for line in self.lines if f"127.0.0.1:{port}:" in line]
 
-    async def wait_about(self, port: int) -> list[str]:
-        """The lines about ``port``, once there is one (and a moment for a second)."""
+    async def wait_for_one_line_about(self, port: int) -> str:
+        """The one line about ``port``, once there is one (and a moment for a second,
+        which fails the test)."""
         async with asyncio.timeout(PATIENCE):
             while not self.about(port):  # noqa: ASYNC110 (another thread appends)
                 await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)
-        return self.about(port)
+        lines = self.about(port)
+        assert len(lines) == 1, lines
+        return lines[0]
 
 
 @contextlib.contextmanager
@@ -270,7 +273,7 @@ async def test_a_peer_that_trickles_its_handshake_is_cut_off(node: tuple[str, No
             peer.sock.sendall(bytes((byte,)))
             await asyncio.sleep(0.05)
         assert await asyncio.to_thread(peer.closed_by_node)
-        (line,) = await log.wait_about(peer.port)
+        line = await log.wait_for_one_line_about(peer.port)
         assert "no Hello within 1 s" in line
 
 
@@ -294,7 +297,7 @@ async def test_a_peer_that_trickles_a_frame_is_cut_off(node: tuple[str, NodeLog]
             return False
 
         assert await asyncio.to_thread(trickle)
-        (line,) = await log.wait_about(peer.port)
+        line = await log.wait_for_one_line_about(peer.port)
         assert "a frame stayed incomplete for 1 s" in line
 
 
@@ -327,7 +330,7 @@ async def test_a_peer_that_sends_requests_and_reads_no_answers_is_paused_then_cu
         assert sent * 50 * answer > 4 * QUEUE
         assert max(c.queued_bytes for c in seen) <= QUEUE + (64 + 50) * 2 * answer
         assert any(c.reading_paused for c in seen)
-        (line,) = await log.wait_about(peer.port)
+        line = await log.wait_for_one_line_about(peer.port)
         assert "it took too little of the" in line
         assert "for 1 s (limit 1048576 bytes)" in line
 
@@ -360,7 +363,7 @@ async def test_a_reader_that_stops_reading_holds_a_bounded_queue_and_is_cut_off(
         assert any(s.waiting_for_send for s in streams)
         assert max(c.queued_bytes for c in seen) <= QUEUE + (1 << 20) + (64 << 10)
         assert max(s.delivered for s in streams) < 100
-        (line,) = await log.wait_about(peer.port)
+        line = await log.wait_for_one_line_about(peer.port)
         assert "it took too little of the" in line
         status = await node_status(url)
         assert [c.handles for c in status.connections if c.peer.endswith(f":{peer.port}")] == []
@@ -387,7 +390,7 @@ async def test_a_peer_granting_absurd_credit_is_disconnected(
         await asyncio.to_thread(peer.read, handle, 1, (10, 1000))
         peer.sock.sendall(frame(*(p.Credit(1, m, b) for m, b in credits)))
         assert await asyncio.to_thread(peer.closed_by_node), why
-        (line,) = await log.wait_about(peer.port)
+        line = await log.wait_for_one_line_about(peer.port)
         assert "disconnected" in line
 
 
@@ -396,7 +399,7 @@ async def test_a_silent_peer_is_cut_off_with_an_idle_timeout() -> None:
         async with steady_client(url), raw_peer(url) as peer:
             await asyncio.to_thread(peer.hello)
             assert await asyncio.to_thread(peer.closed_by_node)
-            (line,) = await log.wait_about(peer.port)
+            line = await log.wait_for_one_line_about(peer.port)
             assert "it sent nothing for 1 s" in line
 
 

@@ -194,7 +194,10 @@ class NodeServer:
         )
         try:
             while not frames.closed:
-                session.handle_frame(_decode(await watchdog.read_frame(reader)))
+                body = await watchdog.read_frame(reader)
+                if frames.closed:  # cut off while the frame came: a second fault unlogged
+                    break
+                session.handle_frame(_decode(body))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (CorruptRecord, msgspec.DecodeError, msgspec.ValidationError) as exc:
