@@ -18,7 +18,7 @@ from __future__ import annotations
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 __all__ = (
     "BATCH_BUCKETS",
@@ -26,6 +26,7 @@ __all__ = (
     "LATENCY_BUCKETS",
     "ClientCounters",
     "Histogram",
+    "PyHistogram",
     "WALMetrics",
     "live_metrics",
     "recording",
@@ -58,11 +59,12 @@ BATCH_BUCKETS: Final = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.
 
 
 @final
-class Histogram:
+class PyHistogram:
     """Observations in fixed buckets: ``counts[i]`` holds those at or below
     ``bounds[i]`` and above ``bounds[i - 1]``; the last count is those above every
     bound (``+Inf``). ``observe(value, n)`` counts ``value`` ``n`` times (a batch's
-    latency for each of its messages), in one bisect."""
+    latency for each of its messages), in one bisect. ``Histogram`` is this class
+    compiled where walsvc was built with a C compiler (``_chistogram.c``)."""
 
     __slots__ = ("bounds", "count", "counts", "sum")
 
@@ -78,7 +80,7 @@ class Histogram:
         self.count += n
         self.sum += value * n
 
-    def add(self, other: Histogram) -> None:
+    def add(self, other: PyHistogram) -> None:
         """Add ``other``'s observations (same bounds) to these."""
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
         self.count += other.count
@@ -92,6 +94,15 @@ class Histogram:
             total += count
             buckets.append((bound, total))
         return buckets
+
+
+if TYPE_CHECKING:
+    Histogram = PyHistogram
+else:
+    try:
+        from ._chistogram import Histogram
+    except ImportError:  # built without a C compiler
+        Histogram = PyHistogram
 
 
 @final
