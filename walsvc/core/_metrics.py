@@ -100,9 +100,11 @@ if TYPE_CHECKING:
     Histogram = PyHistogram
 else:
     try:
-        from ._chistogram import Histogram
+        from . import _chistogram
     except ImportError:  # built without a C compiler
         Histogram = PyHistogram
+    else:
+        Histogram = _chistogram.Histogram
 
 
 @final
