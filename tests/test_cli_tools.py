@@ -424,13 +424,30 @@ def test_inspect_a_node(capsys: pytest.CaptureFixture[str], node_story: Story) -
     # The node holds the transaction its client left open (it outlives the client).
     (txn,) = report["open_transactions"]
     assert (txn["txn_id"], txn["bodies"]) == (node_story.open_txn, 1)
+    # The node lists the pchannel's durable subscriptions; their lag in records is
+    # not known over the wire.
+    (sub,) = report["subscriptions"]
+    assert (sub["name"], sub["timetick"], sub["readers"]) == ("sub-a", node_story.acked_tick, 0)
+    assert sub["ticks_behind"] == report["newest"]["timetick"] - node_story.acked_tick > 0
+    assert sub["ms_behind"] >= 0
+    assert sub["scope"] == "vchannels ['v0'], types (any)"
+    assert sub["records_behind"] is None
     # Not reported by a node: unknown, not made up.
-    assert (report["subscriptions"], report["routing"], report["file"]) == (None, None, None)
+    assert report["file"] is None
+    assert report["routing"] is None  # read through the node: none stored yet
     status, out, err = _run(capsys, "inspect", node_story.url, "p0")
     assert (status, err) == (0, "")
-    assert "subscriptions  unknown (the node does not report them)" in out
-    assert "routing    unknown (the node does not report it)" in out
+    assert ["sub-a", sub["checkpoint"]] in [line.split()[:2] for line in out.splitlines()]
+    assert "routing    none" in out
     assert "segments   unknown (the node does not report them)" in out
+
+    async def route() -> None:  # a routing stored through the node, in the node's log
+        node = await walsvc.open_node(node_story.url, ["r0", "r1"])
+        await node.aclose()
+
+    asyncio.run(route())
+    routing = _inspect(capsys, node_story)["routing"]
+    assert (routing["version"], routing["pchannels"]) == (1, ["r0", "r1"])
 
 
 def test_inspect_an_empty_log_and_a_routing(

@@ -21,7 +21,7 @@ import walsvc
 from walsvc import DeliverPolicy, Filter, Message
 from walsvc.apps._cli import main
 from walsvc.apps._status_command import format_status
-from walsvc.remote._node_status import ConnectionStatus, NodeStatus, StreamStatus
+from walsvc.remote._node_status import ConnectionStatus, NodeStatus, PchannelStatus, StreamStatus
 from walsvc.remote._status import fetch_status
 from walsvc.service._status import fit_in_frame, masked_url
 
@@ -216,6 +216,38 @@ async def test_a_status_too_big_for_a_frame_keeps_the_connections_that_fit(node:
     assert bare.pchannels == status.pchannels
     assert f"... and {fitted.omitted_connections} more connections" in format_status(fitted)
     assert "more connections" not in format_status(status)
+
+
+async def test_a_status_asked_for_subscriptions_lists_them_with_their_readers(
+    node: str,
+) -> None:
+    pchannel = _pchannel()
+
+    def served(status: NodeStatus) -> PchannelStatus:
+        (found,) = [p for p in status.pchannels if p.pchannel == pchannel]
+        return found
+
+    async with await walsvc.open_wal(node, pchannel, token=TOKEN) as wal:
+        appended = await wal.append_many([Message(payload=b"x", vchannel="v0")] * 3)
+        async with wal.read(
+            DeliverPolicy.all(), [Filter(vchannels=["v0"])], subscription="s-a"
+        ) as scanner:
+            await scanner.ack(await anext(scanner))
+            await scanner.flush()
+            async with asyncio.timeout(30):
+                status = await fetch_status(node, token=TOKEN, subscriptions=True)
+            (listed,) = served(status).subscriptions or []
+            assert (listed.name, listed.readers) == ("s-a", 1)
+            assert listed.timetick == appended[0].timetick
+            assert listed.scope == "vchannels ['v0'], types (any)"
+        status = await fetch_status(node, token=TOKEN, subscriptions=True)
+        assert [(s.name, s.readers) for s in served(status).subscriptions or []] == [("s-a", 0)]
+        assert served(await _status(node)).subscriptions is None  # not asked for
+        # A status too big for a frame without its connections drops the lists first.
+        encode = msgspec.msgpack.encode
+        bare = msgspec.structs.replace(status, connections=[])
+        fitted = fit_in_frame(status, len(encode(bare)) - 1)
+        assert all(p.subscriptions is None for p in fitted.pchannels)
 
 
 def test_walsvc_status_prints_tables_or_json(

@@ -20,9 +20,11 @@ Opens the log read-only and reports:
   pchannel of the same log, or "none" when there is none (not looked up on
   ``pulsar://``, where a lookup may create the topic: "unknown");
 - ``walsvc://``: the node (version, the log it serves, uptime) and what it says about
-  the pchannel (its writer's term, last timetick, handles, streams), from the status
-  request ``walsvc status`` makes. What the node does not report (segments,
-  subscriptions, routing) is printed as "unknown" (null in JSON).
+  the pchannel (its writer's term, last timetick, handles, streams, and its durable
+  subscriptions with how many of the node's scanners read each), from the status
+  request ``walsvc status`` makes, asking for subscriptions; the routing pchannel is
+  read through the node. What the node does not report (segments; a subscription's
+  lag in records) is printed as "unknown" (null in JSON).
 
 What it reads, so that a large log costs no more than a small one: the newest record
 and the first one (two positioned reads); the log from the last-confirmed id of the
@@ -141,7 +143,9 @@ async def inspect_pchannel(url: str, pchannel: str, options: dict[str, Any]) -> 
     remote = url.startswith("walsvc://")
     node: NodeStatus | None = None
     if remote:
-        node = await fetch_status(url, token=options.get("token"), tls=options.get("tls"))
+        node = await fetch_status(
+            url, token=options.get("token"), tls=options.get("tls"), subscriptions=True
+        )
     wal = await open_wal(url, pchannel, read_only=True, **options)
     async with wal:
         latest = await wal.latest_message_id()
@@ -178,8 +182,12 @@ async def inspect_pchannel(url: str, pchannel: str, options: dict[str, Any]) -> 
             report["subscriptions"] = await _subscriptions(wal, newest)
             report["routing"] = await _routing(url, options)
         else:
-            report["subscriptions"] = None
-            report["routing"] = None
+            assert node is not None
+            report["subscriptions"] = _node_subscriptions(node, pchannel, newest)
+            # The node serves the routing pchannel of its log like any other; on
+            # pulsar:// a lookup may create its topic there too.
+            looked_up = not node.url.startswith("pulsar://")
+            report["routing"] = await _routing(url, options) if looked_up else _UNKNOWN
     if node is not None:
         report["node"] = _node(node, pchannel)
         served = report["node"]["pchannel"]
@@ -313,6 +321,35 @@ async def _subscriptions(
         }
         entry.update(await _lag(wal, checkpoint, newest))
         found.append(entry)
+    return found
+
+
+def _node_subscriptions(
+    status: NodeStatus, pchannel: str, newest: ImmutableMessage | None
+) -> list[dict[str, Any]] | None:
+    """The durable subscriptions the node reports for ``pchannel``, each with its lag
+    behind ``newest`` in ticks and time (records: unknown over the wire); None if it
+    reports none (it does not serve the pchannel now, or keeps no subscriptions)."""
+    served = next((p for p in status.pchannels if p.pchannel == pchannel), None)
+    if served is None or served.subscriptions is None:
+        return None
+    found = []
+    for subscription in served.subscriptions:
+        tick = subscription.timetick
+        behind = 0 if newest is None else max(newest.timetick - tick, 0)
+        found.append(
+            {
+                "name": subscription.name,
+                "checkpoint": subscription.checkpoint,
+                "timetick": tick,
+                "time": tick_time(tick) if tick else None,
+                "scope": subscription.scope,
+                "readers": subscription.readers,
+                "ticks_behind": behind,
+                "ms_behind": physical_ms(tick + behind) - physical_ms(tick) if behind else 0,
+                "records_behind": None,
+            }
+        )
     return found
 
 
@@ -477,7 +514,11 @@ def format_report(report: dict[str, Any]) -> str:
     )
     subscriptions = report["subscriptions"]
     if subscriptions is None:
-        why = "the node does not report them" if node is not None else "none kept by this backend"
+        why = (
+            "the node does not report them for this pchannel"
+            if node is not None
+            else "none kept by this backend"
+        )
         lines.append(f"subscriptions  {_UNKNOWN if node is not None else 'none'} ({why})")
     else:
         lines.append("subscriptions")
@@ -496,11 +537,9 @@ def format_report(report: dict[str, Any]) -> str:
             ],
         )
     routing = report["routing"]
-    if node is not None:
-        lines.append(f"routing    {_UNKNOWN} (the node does not report it)")
-    elif routing is None:
+    if routing is None:
         lines.append(f"routing    none (no routing stored in {ROUTING_PCHANNEL})")
-    elif routing == _UNKNOWN and report["url"].startswith("pulsar://"):
+    elif routing == _UNKNOWN and (report if node is None else node)["url"].startswith("pulsar://"):
         lines.append(
             f"routing    {_UNKNOWN} (not looked up: a lookup of {ROUTING_PCHANNEL} may create"
             " its topic)"

@@ -150,9 +150,12 @@ class Ping(msgspec.Struct, array_like=True, frozen=True, tag=10):
 
 
 class Status(msgspec.Struct, array_like=True, frozen=True, tag=60):
-    """The node's status (no WAL needs to be open); answered by ``StatusIs``."""
+    """The node's status (no WAL needs to be open); answered by ``StatusIs``. With
+    ``subscriptions`` the node also lists each pchannel's durable subscriptions, which
+    reads their store (a node that predates the field ignores it and lists none)."""
 
     request: int
+    subscriptions: bool = False
 
 
 class TxnBegin(msgspec.Struct, array_like=True, frozen=True, tag=40):

@@ -16,12 +16,14 @@ import msgspec
 from walsvc.core._errors import InvalidArgument
 
 __all__ = (
+    "MAX_SUBSCRIPTIONS",
     "ConnectionStatus",
     "HandleStatus",
     "NodeLimits",
     "NodeStatus",
     "PchannelStatus",
     "StreamStatus",
+    "SubscriptionStatus",
 )
 
 
@@ -104,16 +106,39 @@ class ConnectionStatus(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 1
 
 
+class SubscriptionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A durable subscription of a pchannel the node writes: its name, the checkpoint
+    it resumes after (marshalled) and that checkpoint's timetick, the scope it reads
+    (None for one stored before walsvc kept scopes) and how many of the node's scanners
+    read it now."""
+
+    name: str
+    checkpoint: str
+    timetick: int
+    scope: str | None
+    readers: int
+
+
 class PchannelStatus(msgspec.Struct, frozen=True, kw_only=True):
     """One pchannel the node writes: its writer's term, the newest timetick it
     allocated, the id of the newest message in the log (None: none yet, or the backend
-    did not answer in time) and how many handles of all connections name it."""
+    did not answer in time) and how many handles of all connections name it.
+    ``subscriptions``: its durable subscriptions, the first ``MAX_SUBSCRIPTIONS`` by name
+    (``omitted_subscriptions`` counts the others); None when the node does not report
+    them (a node older than this field, a backend that keeps none, or a store that did
+    not answer in time)."""
 
     pchannel: str
     term: int
     last_timetick: int
     latest_message_id: str | None
     handles: int
+    subscriptions: list[SubscriptionStatus] | None = None
+    omitted_subscriptions: int = 0
+
+
+#: How many subscriptions a pchannel's status lists at most (the answer fits a frame).
+MAX_SUBSCRIPTIONS = 100
 
 
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,9 +19,12 @@ async def fetch_status(
     token: str | None = None,
     tls: ssl.SSLContext | None = None,
     connect_timeout: float = 10.0,
+    subscriptions: bool = False,
 ) -> NodeStatus:
     """The status of the node at ``url`` (``walsvc://host:port``): its pchannels,
-    connections and streams. ``token``, ``tls`` and ``connect_timeout`` as for
+    connections and streams, and with ``subscriptions`` each pchannel's durable
+    subscriptions (``PchannelStatus.subscriptions``, None from a node that does not
+    report them). ``token``, ``tls`` and ``connect_timeout`` as for
     ``open_wal``; how long to wait for the answer is the caller's scope's
     (``asyncio.timeout``). Raises ``BackendUnavailable`` if the node cannot be reached,
     ``Unauthenticated`` if it refuses the token."""
@@ -31,7 +34,7 @@ async def fetch_status(
     )
     try:
         request = conn.next_id()
-        answer: StatusIs = await conn.request(Status(request), request).future
+        answer: StatusIs = await conn.request(Status(request, subscriptions), request).future
     finally:
         await conn.aclose()
     return answer.status

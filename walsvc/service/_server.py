@@ -102,9 +102,10 @@ class NodeServer:
         """The node's figures for a metrics scrape, now (see ``node_gauges``)."""
         return node_gauges(self)
 
-    async def status(self) -> NodeStatus:
-        """The node's status now (a ``NodeStatus``: what ``walsvc status`` shows)."""
-        return await node_status(self)
+    async def status(self, subscriptions: bool = False) -> NodeStatus:
+        """The node's status now (a ``NodeStatus``: what ``walsvc status`` shows), with
+        each pchannel's durable subscriptions if ``subscriptions``."""
+        return await node_status(self, subscriptions)
 
     @property
     def node_url(self) -> str:

@@ -19,12 +19,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from walsvc.core._errors import InvalidArgument
 from walsvc.remote._node_status import (
+    MAX_SUBSCRIPTIONS,
     ConnectionStatus,
     HandleStatus,
     NodeStatus,
     PchannelStatus,
     StreamStatus,
+    SubscriptionStatus,
 )
 from walsvc.remote._protocol import MAX_FRAME_BYTES, NODE_VERSIONS, Read, Status, StatusIs
 from walsvc.wal._wal import LocalWAL
@@ -109,6 +112,39 @@ async def _latest(wal: LocalWAL) -> str | None:
     return None if latest is None else latest.marshal()
 
 
+async def _subscriptions(wal: LocalWAL) -> tuple[list[SubscriptionStatus] | None, int]:
+    """The first ``MAX_SUBSCRIPTIONS`` durable subscriptions of ``wal``'s pchannel by
+    name, and how many more there are; None if its backend keeps none or its store does
+    not answer within the status's patience (a status reports what it can)."""
+    try:
+        store = wal.backend.subscriptions()
+    except InvalidArgument:
+        return None, 0
+    try:
+        async with asyncio.timeout(_LATEST_ID_TIMEOUT):
+            names = sorted(await store.names())
+            shown = [(name, await store.load_stored(name)) for name in names[:MAX_SUBSCRIPTIONS]]
+    except Exception:
+        return None, 0
+    readers = Counter(name for name, _ in wal.subscription_stats())
+    found = [
+        SubscriptionStatus(
+            name=name,
+            checkpoint=stored.checkpoint.marshal(),
+            timetick=stored.checkpoint.timetick,
+            scope=None if stored.scope is None else stored.scope.description,
+            readers=readers[name],
+        )
+        for name, stored in shown
+        if stored is not None  # deleted meanwhile
+    ]
+    return found, len(names) - len(shown)
+
+
+async def _no_subscriptions(wal: LocalWAL) -> tuple[None, int]:
+    return None, 0
+
+
 def _connection(session: Session) -> ConnectionStatus:
     streams = []
     for number, stream in session.streams.items():
@@ -160,10 +196,13 @@ def node_gauges(node: NodeServer) -> dict[str, float]:
     }
 
 
-async def node_status(node: NodeServer) -> NodeStatus:
-    """The status of ``node`` now."""
+async def node_status(node: NodeServer, subscriptions: bool = False) -> NodeStatus:
+    """The status of ``node`` now; with ``subscriptions``, each pchannel's durable
+    subscriptions too."""
     wals = sorted(node._wals.items())
     latest = await asyncio.gather(*(_latest(wal) for _, wal in wals))
+    listed = _subscriptions if subscriptions else _no_subscriptions
+    subscribed = await asyncio.gather(*(listed(wal) for _, wal in wals))
     sessions = sorted(node._live, key=lambda s: s.number)
     handles = Counter(wal.pchannel for s in sessions for wal, _ in s.handles.values())
     return NodeStatus(
@@ -184,8 +223,12 @@ async def node_status(node: NodeServer) -> NodeStatus:
                 last_timetick=wal.last_timetick,
                 latest_message_id=latest_id,
                 handles=handles[name],
+                subscriptions=found,
+                omitted_subscriptions=omitted,
             )
-            for (name, wal), latest_id in zip(wals, latest, strict=True)
+            for (name, wal), latest_id, (found, omitted) in zip(
+                wals, latest, subscribed, strict=True
+            )
         ],
         connections=[_connection(session) for session in sessions],
     )
@@ -194,10 +237,17 @@ async def node_status(node: NodeServer) -> NodeStatus:
 def fit_in_frame(status: NodeStatus, limit: int = _STATUS_BYTES) -> NodeStatus:
     """``status`` if it takes at most ``limit`` bytes encoded; else a copy with only the
     first of its connections that fit (each whole, with its streams) and the others
-    counted in ``omitted_connections``. What is not a connection always fits: a status
-    answer never exceeds a frame (one that did would never reach its asker)."""
+    counted in ``omitted_connections``, and without the pchannels' subscriptions (None:
+    not reported) if even the rest does not fit. A status answer never exceeds a frame
+    (one that did would never reach its asker)."""
     if len(encode(status)) <= limit:
         return status
+    if len(encode(msgspec.structs.replace(status, connections=[]))) > limit:
+        unlisted = [
+            msgspec.structs.replace(p, subscriptions=None, omitted_subscriptions=0)
+            for p in status.pchannels
+        ]
+        status = msgspec.structs.replace(status, pchannels=unlisted)
     connections = status.connections
     bare = msgspec.structs.replace(status, connections=[], omitted_connections=len(connections))
     room = limit - len(encode(bare)) - _ARRAY_HEADER_GROWTH
@@ -216,7 +266,7 @@ async def answer_status(session: Session, request: Status) -> None:
     """Answer ``request``, a ``Status`` of ``session``'s client (within a frame: see
     ``fit_in_frame``)."""
     try:
-        status = fit_in_frame(await node_status(session.node))
+        status = fit_in_frame(await node_status(session.node, request.subscriptions))
     except Exception as exc:
         session.fail(request.request, exc)
         return
