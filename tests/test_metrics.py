@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from _node_process import node_process
+from _tcp_proxy import proxied
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -45,6 +46,7 @@ WAL_SAMPLES = (
     "walsvc_file_written_bytes_total",
     "walsvc_file_segment_rollovers_total",
     "walsvc_last_durable_timetick",
+    "walsvc_last_durable_age_seconds",
     "walsvc_consumed_messages_total",
     "walsvc_read_batch_messages_count",
     "walsvc_deliver_seconds_count",
@@ -54,6 +56,7 @@ WAL_SAMPLES = (
     "walsvc_tail_cache_bytes",
     "walsvc_tail_cache_readers",
     "walsvc_tail_cache_evictions_total",
+    "walsvc_tail_cache_pressure",
     'walsvc_subscription_behind_messages{subscription="sub"}',
     'walsvc_subscription_lag_seconds{subscription="sub"}',
     "walsvc_dedup_hits_total",
@@ -64,6 +67,8 @@ WAL_SAMPLES = (
 )
 #: Gauges that may rise and fall: "moving" means changed, for them.
 GAUGES = (
+    "walsvc_last_durable_age_seconds",
+    "walsvc_tail_cache_pressure",
     "walsvc_scanners",
     "walsvc_tail_cache_messages",
     "walsvc_tail_cache_bytes",
@@ -252,6 +257,22 @@ async def test_a_node_serves_its_metrics_and_they_move_under_load(tmp_path: Path
     assert "walsvc_node_streams_waiting_for_credit" in busy
     assert "walsvc_node_queued_bytes" in busy
     assert busy["walsvc_node_draining"] == 0
+
+
+async def test_a_client_counts_its_lost_and_restored_connections(
+    registry: CollectorRegistry, tmp_path: Path
+) -> None:
+    """``walsvc_client_*``: what a client process of a node exports (the node's own
+    scrape has them at 0: it is no client)."""
+    before = samples(generate_latest(registry).decode())
+    with node_process(f"file://{tmp_path}") as (node_url, _):
+        async with proxied(node_url) as (proxy, url), await walsvc.open_wal(url, "p0") as wal:
+            await wal.append(Message(payload=b"before", vchannel="v"))
+            assert proxy.cut() == 1
+            await wal.append(Message(payload=b"after", vchannel="v"))  # over a new connection
+    after = samples(generate_latest(registry).decode())
+    for name in ("walsvc_client_connections_lost_total", "walsvc_client_reconnects_total"):
+        assert after[name] - before[name] >= 1, name
 
 
 async def test_the_endpoint_answers_only_get_metrics() -> None:
