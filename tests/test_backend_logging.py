@@ -11,6 +11,7 @@ so they run side by side, started by one fixture.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -22,8 +23,11 @@ from pathlib import Path
 
 import pytest
 from _pulsar_lite import PulsarLite, broker, pchannel
+from _tansu import start_tansu
 
 import walsvc
+from walsvc import Message
+from walsvc.backends._kafka._client import HandledFaults
 from walsvc.backends._pulsar._client import LOG_ENV, LOG_LEVEL_ENV, client_logger
 
 __all__ = ("broker",)
@@ -204,3 +208,44 @@ def test_kafka_connect_faults_are_debug_records(
     faults = [r for r in caplog.records if r.getMessage().startswith("Unable connect to")]
     assert faults
     assert {r.levelname for r in faults} == {"DEBUG"}
+
+
+async def test_a_kafka_outage_is_one_line_per_fault_not_a_flood(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Through an outage aiokafka's fetcher and sender log a fault every few
+    milliseconds while walsvc's reader and appends wait: the first of each passes (as a
+    WARNING), the rest are DEBUG records; and the producer's messages that a stopping
+    WAL gives up are not reported as futures never retrieved."""
+    for name in ("aiokafka.consumer.fetcher", "aiokafka.producer.sender"):
+        for handled in logging.getLogger(name).filters:
+            if isinstance(handled, HandledFaults):
+                handled._passed.clear()  # a fault of an earlier test may have passed
+    caplog.set_level(logging.WARNING)
+    broker = start_tansu()
+    try:
+        wal = await walsvc.open_wal(broker.url, "p0", connect_timeout=2, close_timeout=0.5)
+        await wal.append(Message(payload=b"x", vchannel="v"))
+        tail = wal.read()
+        assert (await anext(tail)).payload == b"x"
+        waiting = asyncio.ensure_future(anext(tail))
+        broker.process.kill()  # a crash (a stop waits for the broker's own shutdown)
+        broker.process.wait()
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1):
+                    await wal.append(Message(payload=b"y", vchannel="v"))
+        waiting.cancel()
+        await asyncio.wait([waiting])
+        await tail.aclose()
+        await wal.aclose()
+    finally:
+        broker.close()
+    gc.collect()  # a future never retrieved is reported as it is collected
+    faults = [(r.name, r.levelname, r.msg) for r in caplog.records]
+    assert not [f for f in faults if f[0] == "asyncio"], faults
+    produce = [f for f in faults if f[0] == "aiokafka.producer.sender"]
+    assert produce == [("aiokafka.producer.sender", "WARNING", "Got error produce response: %s")]
+    fetch = [f for f in faults if f[0] == "aiokafka.consumer.fetcher"]
+    assert len(fetch) <= 1, fetch  # (the fetcher may be between fetches throughout)
+    assert {f[1] for f in fetch} <= {"WARNING"}

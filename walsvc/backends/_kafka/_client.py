@@ -7,7 +7,8 @@ not answer would otherwise hold a graceful stop for a request timeout or more).
 aiokafka's exceptions become ``BackendUnavailable`` here.
 
 aiokafka's own log lines for the connection faults walsvc retries and reports are
-demoted to DEBUG (see ``HandledFaults``).
+demoted to DEBUG, and those its fetcher and sender repeat through an outage pass once
+a minute (see ``HandledFaults``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -29,6 +31,7 @@ from ._options import KafkaOptions
 
 __all__ = (
     "HANDLED_FAULTS",
+    "REPEATED_FAULTS",
     "STOP_WITHIN",
     "HandledFaults",
     "caller_cancelled",
@@ -40,8 +43,11 @@ __all__ = (
     "stop_quietly",
 )
 
-#: The logger ``aiokafka.client`` logs to (the package's, not the module's).
+#: The logger ``aiokafka.client`` logs to (the package's, not the module's), and the
+#: consumer's fetcher's.
 _AIOKAFKA_CLIENT_LOG: Final = "aiokafka"
+_AIOKAFKA_FETCHER_LOG: Final = "aiokafka.consumer.fetcher"
+_AIOKAFKA_SENDER_LOG: Final = "aiokafka.producer.sender"
 
 #: aiokafka's messages (their format strings, logged by ``aiokafka.client``) for a broker it
 #: cannot connect to or get metadata from: what ``start_client`` retries until
@@ -57,35 +63,71 @@ HANDLED_FAULTS: Final = frozenset(
         "Unable connect to node with id %s: %s",
     }
 )
+#: The messages aiokafka repeats through an outage, every few milliseconds: the fetcher's
+#: (ERROR) for a broker it cannot fetch from, while walsvc's reader waits for the broker
+#: to come back; the producer's sender's (WARNING) for a batch it retries, while the
+#: append waits within its caller's deadline. The first of an outage says what is wrong.
+REPEATED_FAULTS: Final = frozenset(
+    {
+        "Failed fetch messages from %s: %s",
+        "Failed fetch offsets from %s: %s",
+        "Got error produce response: %s",  # the producer's sender, a WARNING each retry
+    }
+)
+#: Seconds during which a repeated fault passes once (per logger and message).
+REPEAT_EVERY: Final = 60.0
 
 
 class HandledFaults(logging.Filter):
-    """A filter of the logger of ``aiokafka.client`` (``aiokafka``) that demotes the
-    records of ``HANDLED_FAULTS`` (ERROR and WARNING there: one per attempt, a dozen
-    within a ``connect_timeout`` of 10 s before walsvc's own error) to DEBUG, and drops them
-    unless that logger is enabled for DEBUG: an application that logs aiokafka at DEBUG
-    still sees them, one that does not sees walsvc's error only.
+    """A filter of aiokafka's loggers that demotes the records of ``HANDLED_FAULTS``
+    (ERROR and WARNING in ``aiokafka.client``: one per attempt, a dozen within a
+    ``connect_timeout`` of 10 s before walsvc's own error) to DEBUG, and the records of
+    ``REPEATED_FAULTS`` (hundreds a second through an outage) to DEBUG after the first
+    within ``REPEAT_EVERY`` seconds, and that first to WARNING (walsvc waits for the
+    broker, within the caller's deadline). A demoted record is dropped unless
+    its logger is enabled for DEBUG: an application that logs aiokafka at DEBUG still
+    sees them, one that does not sees walsvc's error, or one line per outage of a reader.
 
-    It matches the format string, not the text, so it only touches those five
-    messages; every other aiokafka record passes as it is. Installed once, when the
-    ``kafka://`` backend is first imported; like any logger filter it applies to every
-    aiokafka client of the process. walsvc never configures handlers or the root logger.
+    It matches the format string, not the text, so it only touches those messages;
+    every other aiokafka record passes as it is. Installed once, when the ``kafka://``
+    backend is first imported; like any logger filter it applies to every aiokafka
+    client of the process. walsvc never configures handlers or the root logger.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: When a repeated fault last passed, by logger and format string.
+        self._passed: dict[tuple[str, str], float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg
         if record.levelno <= logging.DEBUG or not isinstance(msg, str):
             return True
-        if msg not in HANDLED_FAULTS:
+        if msg in REPEATED_FAULTS and not self._repeated(msg, record):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"  # walsvc waits it out
+            return True
+        if msg not in HANDLED_FAULTS and msg not in REPEATED_FAULTS:
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
+    def _repeated(self, msg: str, record: logging.LogRecord) -> bool:
+        """Whether ``record`` repeats a fault of its broker that passed within
+        ``REPEAT_EVERY`` seconds (if not, it passes now)."""
+        key = (record.name, msg)
+        now = time.monotonic()
+        last = self._passed.get(key)
+        if last is not None and now - last < REPEAT_EVERY:
+            return True
+        self._passed[key] = now
+        return False
+
 
 def _install_filter() -> None:
-    logger = logging.getLogger(_AIOKAFKA_CLIENT_LOG)
-    if not any(isinstance(f, HandledFaults) for f in logger.filters):
-        logger.addFilter(HandledFaults())
+    for name in (_AIOKAFKA_CLIENT_LOG, _AIOKAFKA_FETCHER_LOG, _AIOKAFKA_SENDER_LOG):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, HandledFaults) for f in logger.filters):
+            logger.addFilter(HandledFaults())
 
 
 _install_filter()
@@ -203,12 +245,18 @@ async def stop_quietly(client: Any, seconds: float = STOP_WITHIN) -> None:
 
 def _drop_batches(accumulator: Any) -> None:
     """Fail the batches a producer still holds: the writer gave them up already, so a
-    graceful stop need not wait for the broker to take them."""
-    futures = [batch.future for batches in accumulator._batches.values() for batch in batches]
-    futures += [batch.future for batch in accumulator._pending_batches]
+    graceful stop need not wait for the broker to take them. Every future of theirs
+    (the batch's, each message's, the drain waiter) is retrieved: an append cancelled
+    by its caller's deadline no longer awaits its message's, and asyncio would report
+    each as an exception never retrieved."""
+    held = [batch for batches in accumulator._batches.values() for batch in batches]
+    held += list(accumulator._pending_batches)
+    futures = [batch.future for batch in held]
+    futures += [future for batch in held for future, _ in batch._msg_futures]
+    futures += [batch._drain_waiter for batch in held]
     accumulator.fail_all(KafkaError("the producer is stopping"))
     for future in futures:
-        if not future.cancelled():
+        if future.done() and not future.cancelled():
             future.exception()  # retrieved: nobody else waits for it
 
 
