@@ -96,13 +96,12 @@ class PyHistogram:
         return buckets
 
 
-if TYPE_CHECKING:
-    Histogram = PyHistogram
-else:
+Histogram = PyHistogram
+if not TYPE_CHECKING:  # the type checker reads PyHistogram: the compiled one's interface
     try:
         from . import _chistogram
     except ImportError:  # built without a C compiler
-        Histogram = PyHistogram
+        pass
     else:
         Histogram = _chistogram.Histogram
 
