@@ -77,6 +77,9 @@ def run_status_command(args: argparse.Namespace) -> int:
     except (WALError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a node that does not answer, within --timeout
+        print("interrupted", file=sys.stderr)
+        return 130
     if args.json:
         print(msgspec.json.encode(status).decode())
     else:
