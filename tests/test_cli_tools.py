@@ -448,6 +448,10 @@ def test_inspect_a_node(capsys: pytest.CaptureFixture[str], node_story: Story) -
     asyncio.run(route())
     routing = _inspect(capsys, node_story)["routing"]
     assert (routing["version"], routing["pchannels"]) == (1, ["r0", "r1"])
+    # A pchannel no client had open: the node opens it for the inspection, then says.
+    untouched = _inspect(capsys, Story(node_story.url, f"untouched-{uuid.uuid4().hex[:6]}"))
+    assert untouched["node"]["pchannel"] is not None
+    assert untouched["subscriptions"] == []
 
 
 def test_inspect_an_empty_log_and_a_routing(

@@ -140,14 +140,13 @@ class _Txn:
 async def inspect_pchannel(url: str, pchannel: str, options: dict[str, Any]) -> dict[str, Any]:
     """The report ``walsvc inspect`` prints, as a JSON-ready dict (see the module
     docstring for what it holds and what it reads)."""
-    remote = url.startswith("walsvc://")
     node: NodeStatus | None = None
-    if remote:
-        node = await fetch_status(
-            url, token=options.get("token"), tls=options.get("tls"), subscriptions=True
-        )
     wal = await open_wal(url, pchannel, read_only=True, **options)
     async with wal:
+        if url.startswith("walsvc://"):  # asked once the node has the pchannel open
+            node = await fetch_status(
+                url, token=options.get("token"), tls=options.get("tls"), subscriptions=True
+            )
         latest = await wal.latest_message_id()
         newest, first = await _ends(wal, latest)
         report: dict[str, Any] = {

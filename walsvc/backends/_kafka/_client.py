@@ -86,7 +86,8 @@ class HandledFaults(logging.Filter):
     within ``REPEAT_EVERY`` seconds, and that first to WARNING (walsvc waits for the
     broker, within the caller's deadline). A demoted record is dropped unless
     its logger is enabled for DEBUG: an application that logs aiokafka at DEBUG still
-    sees them, one that does not sees walsvc's error, or one line per outage of a reader.
+    sees them, one that does not sees walsvc's error, or one line a minute per fault
+    through an outage.
 
     It matches the format string, not the text, so it only touches those messages;
     every other aiokafka record passes as it is. Installed once, when the ``kafka://``
@@ -112,8 +113,8 @@ class HandledFaults(logging.Filter):
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
     def _repeated(self, msg: str, record: logging.LogRecord) -> bool:
-        """Whether ``record`` repeats a fault of its broker that passed within
-        ``REPEAT_EVERY`` seconds (if not, it passes now)."""
+        """Whether ``record`` repeats a fault (its logger, its message) that passed
+        within ``REPEAT_EVERY`` seconds (if not, it passes now)."""
         key = (record.name, msg)
         now = time.monotonic()
         last = self._passed.get(key)
