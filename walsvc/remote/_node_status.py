@@ -125,8 +125,8 @@ class PchannelStatus(msgspec.Struct, frozen=True, kw_only=True):
     did not answer in time) and how many handles of all connections name it.
     ``subscriptions``: its durable subscriptions, the first ``MAX_SUBSCRIPTIONS`` by name
     (``omitted_subscriptions`` counts the others); None when the node does not report
-    them (a node older than this field, a backend that keeps none, or a store that did
-    not answer in time)."""
+    them (the ``Status`` did not ask, a node older than this field, a backend that keeps
+    none, a store that did not answer in time, or an answer too big for a frame)."""
 
     pchannel: str
     term: int
