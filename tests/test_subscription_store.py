@@ -86,6 +86,20 @@ async def test_round_trip_names_and_delete(wal: walsvc.WAL) -> None:
     await store_round_trip(store, first.message_id, second.message_id)
 
 
+async def test_listed_gives_the_first_by_name_and_counts_the_rest(wal: walsvc.WAL) -> None:
+    store = wal.backend.subscriptions()
+    assert await store.listed() == ([], 0)
+    for name, tick in (("c", 3), ("a", 1), ("b", 2)):
+        await store.save(name, _tick(tick))
+    everything, more = await store.listed()
+    assert [(n, s.checkpoint.timetick) for n, s in everything] == [("a", 1), ("b", 2), ("c", 3)]
+    assert more == 0
+    first, more = await store.listed(2)
+    assert ([n for n, _ in first], more) == (["a", "b"], 1)
+    await store.delete("b")
+    assert [n for n, _ in (await store.listed())[0]] == ["a", "c"]
+
+
 async def test_checkpoints_survive_reopening_the_wal(url: str) -> None:
     async with await walsvc.open_wal(url, "p") as wal:
         result = await wal.append(Message(payload=b"x", vchannel="v"))

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from walsvc.backends._file._backend import FileBackend
-from walsvc.core._deliver import Checkpoint, DeliverPolicy
+from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALError, WALTruncated
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId, SequenceMessageId
@@ -306,19 +306,11 @@ async def _subscriptions(
     except InvalidArgument:
         return None
     found = []
-    for name in await store.names():
-        stored = await store.load_stored(name)
-        if stored is None:
-            continue  # deleted meanwhile
+    for name, stored in (await store.listed())[0]:
         checkpoint = stored.checkpoint
-        entry: dict[str, Any] = {
-            "name": name,
-            "checkpoint": checkpoint.marshal(),
-            "timetick": checkpoint.timetick,
-            "time": tick_time(checkpoint.timetick) if checkpoint.timetick else None,
-            "scope": None if stored.scope is None else stored.scope.description,
-        }
-        entry.update(await _lag(wal, checkpoint, newest))
+        scope = None if stored.scope is None else stored.scope.description
+        entry = _subscription(name, checkpoint.marshal(), checkpoint.timetick, scope, newest)
+        entry["records_behind"] = await _records_behind(wal, checkpoint.timetick, newest)
         found.append(entry)
     return found
 
@@ -327,53 +319,54 @@ def _node_subscriptions(
     status: NodeStatus, pchannel: str, newest: ImmutableMessage | None
 ) -> list[dict[str, Any]] | None:
     """The durable subscriptions the node reports for ``pchannel``, each with its lag
-    behind ``newest`` in ticks and time (records: unknown over the wire); None if it
-    reports none (it does not serve the pchannel now, or keeps no subscriptions)."""
+    behind ``newest`` (in records: unknown over the wire) and how many of the node's
+    scanners read it; None if it reports none (it keeps no subscriptions)."""
     served = next((p for p in status.pchannels if p.pchannel == pchannel), None)
     if served is None or served.subscriptions is None:
         return None
-    found = []
-    for subscription in served.subscriptions:
-        tick = subscription.timetick
-        behind = 0 if newest is None else max(newest.timetick - tick, 0)
-        found.append(
-            {
-                "name": subscription.name,
-                "checkpoint": subscription.checkpoint,
-                "timetick": tick,
-                "time": tick_time(tick) if tick else None,
-                "scope": subscription.scope,
-                "readers": subscription.readers,
-                "ticks_behind": behind,
-                "ms_behind": physical_ms(tick + behind) - physical_ms(tick) if behind else 0,
-                "records_behind": None,
-            }
-        )
-    return found
+    return [
+        _subscription(s.name, s.checkpoint, s.timetick, s.scope, newest) | {"readers": s.readers}
+        for s in served.subscriptions
+    ]
 
 
-async def _lag(
-    wal: LocalWAL, checkpoint: Checkpoint, newest: ImmutableMessage | None
+def _subscription(
+    name: str, checkpoint: str, tick: int, scope: str | None, newest: ImmutableMessage | None
 ) -> dict[str, Any]:
-    """How far ``checkpoint`` is behind ``newest``: in timeticks, milliseconds of the
-    ticks' wall clock, and records (None where ids are not sequence numbers)."""
-    if newest is None or newest.timetick <= checkpoint.timetick:
-        return {"ticks_behind": 0, "ms_behind": 0, "records_behind": 0}
-    ticks = newest.timetick - checkpoint.timetick
-    ms = physical_ms(newest.timetick) - physical_ms(checkpoint.timetick)
-    records: int | None = None
+    """A subscription's entry: its checkpoint (marshalled) at timetick ``tick``, its
+    scope, and how far it is behind ``newest`` in ticks and wall-clock milliseconds
+    (``records_behind`` None: the caller fills it where it can count)."""
+    ticks = 0 if newest is None else max(newest.timetick - tick, 0)
+    return {
+        "name": name,
+        "checkpoint": checkpoint,
+        "timetick": tick,
+        "time": tick_time(tick) if tick else None,
+        "scope": scope,
+        "ticks_behind": ticks,
+        "ms_behind": physical_ms(tick + ticks) - physical_ms(tick) if ticks else 0,
+        "records_behind": None,
+    }
+
+
+async def _records_behind(wal: LocalWAL, tick: int, newest: ImmutableMessage | None) -> int | None:
+    """How many records lie after the checkpoint at timetick ``tick`` up to ``newest``:
+    every record, of every vchannel; None where ids are not sequence numbers."""
+    if newest is None or newest.timetick <= tick:
+        return 0
     end = newest.message_id
-    if isinstance(end, SequenceMessageId):
-        after = checkpoint.timetick + 1
-        try:
-            deliver = await wal.backend.start_at_timetick(after)
-            async with wal.read(deliver, [Filter(min_timetick=after)], raw=True) as scanner:
-                first = await anext(scanner)  # exists: ``newest`` has a greater tick
-        except WALTruncated:
-            first = None  # the checkpoint's records were truncated away
-        if first is not None and isinstance(first.message_id, SequenceMessageId):
-            records = end.seq - first.message_id.seq + 1
-    return {"ticks_behind": ticks, "ms_behind": ms, "records_behind": records}
+    if not isinstance(end, SequenceMessageId):
+        return None
+    after = tick + 1
+    try:
+        deliver = await wal.backend.start_at_timetick(after)
+        async with wal.read(deliver, [Filter(min_timetick=after)], raw=True) as scanner:
+            first = await anext(scanner)  # exists: ``newest`` has a greater tick
+    except WALTruncated:
+        return None  # the checkpoint's records were truncated away
+    if not isinstance(first.message_id, SequenceMessageId):
+        return None
+    return end.seq - first.message_id.seq + 1
 
 
 async def _routing(url: str, options: dict[str, Any]) -> dict[str, Any] | str | None:

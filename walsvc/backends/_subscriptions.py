@@ -192,6 +192,17 @@ class SubscriptionStore(ABC):
         """The names that have a stored checkpoint, sorted."""
         return sorted(await self._names())
 
+    async def listed(
+        self, limit: int | None = None
+    ) -> tuple[list[tuple[str, StoredSubscription]], int]:
+        """The first ``limit`` (default: all) stored subscriptions by name, each with
+        what ``load_stored`` returns (one deleted meanwhile is left out), and how many
+        names there are beyond them."""
+        names = await self.names()
+        shown = names if limit is None else names[:limit]
+        found = [(name, await self._load(name)) for name in shown]
+        return [(n, s) for n, s in found if s is not None], len(names) - len(shown)
+
     def claim(self, name: str) -> None:
         """Mark ``name`` as read by one scanner; raise ``SubscriptionBusy`` if a scanner
         already reads it, through any store instance for the same log and pchannel in

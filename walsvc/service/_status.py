@@ -122,8 +122,7 @@ async def _subscriptions(wal: LocalWAL) -> tuple[list[SubscriptionStatus] | None
         return None, 0
     try:
         async with asyncio.timeout(_LATEST_ID_TIMEOUT):
-            names = sorted(await store.names())
-            shown = [(name, await store.load_stored(name)) for name in names[:MAX_SUBSCRIPTIONS]]
+            shown, omitted = await store.listed(MAX_SUBSCRIPTIONS)
     except Exception:
         return None, 0
     readers = Counter(name for name, _ in wal.subscription_stats())
@@ -136,13 +135,8 @@ async def _subscriptions(wal: LocalWAL) -> tuple[list[SubscriptionStatus] | None
             readers=readers[name],
         )
         for name, stored in shown
-        if stored is not None  # deleted meanwhile
     ]
-    return found, len(names) - len(shown)
-
-
-async def _no_subscriptions(wal: LocalWAL) -> tuple[None, int]:
-    return None, 0
+    return found, omitted
 
 
 def _connection(session: Session) -> ConnectionStatus:
@@ -201,8 +195,11 @@ async def node_status(node: NodeServer, subscriptions: bool = False) -> NodeStat
     subscriptions too."""
     wals = sorted(node._wals.items())
     latest = await asyncio.gather(*(_latest(wal) for _, wal in wals))
-    listed = _subscriptions if subscriptions else _no_subscriptions
-    subscribed = await asyncio.gather(*(listed(wal) for _, wal in wals))
+    subscribed: list[tuple[list[SubscriptionStatus] | None, int]] = (
+        await asyncio.gather(*(_subscriptions(wal) for _, wal in wals))
+        if subscriptions
+        else [(None, 0)] * len(wals)
+    )
     sessions = sorted(node._live, key=lambda s: s.number)
     handles = Counter(wal.pchannel for s in sessions for wal, _ in s.handles.values())
     return NodeStatus(

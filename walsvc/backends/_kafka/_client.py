@@ -104,18 +104,19 @@ class HandledFaults(logging.Filter):
         msg = record.msg
         if record.levelno <= logging.DEBUG or not isinstance(msg, str):
             return True
-        if msg in REPEATED_FAULTS and not self._repeated(msg, record):
-            record.levelno, record.levelname = logging.WARNING, "WARNING"  # walsvc waits it out
-            return True
-        if msg not in HANDLED_FAULTS and msg not in REPEATED_FAULTS:
+        if msg in REPEATED_FAULTS:
+            if not self._repeated(record):
+                record.levelno, record.levelname = logging.WARNING, "WARNING"  # waited out
+                return True
+        elif msg not in HANDLED_FAULTS:
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
-    def _repeated(self, msg: str, record: logging.LogRecord) -> bool:
+    def _repeated(self, record: logging.LogRecord) -> bool:
         """Whether ``record`` repeats a fault (its logger, its message) that passed
         within ``REPEAT_EVERY`` seconds (if not, it passes now)."""
-        key = (record.name, msg)
+        key = (record.name, str(record.msg))
         now = time.monotonic()
         last = self._passed.get(key)
         if last is not None and now - last < REPEAT_EVERY:
