@@ -282,6 +282,55 @@ async def test_closing_releases_the_thread_and_the_eventfd(
     assert _open_fds() <= fds  # never more: an eventfd or a segment left open per round
 
 
+def test_a_loop_closed_with_a_batch_on_the_worker_leaves_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A WAL never closed, its loop closed while a batch is on a worker thread: the
+    worker's answer has no loop to go to. It is dropped quietly (no "exception calling
+    callback" traceback from concurrent.futures), and the batch is on disk as a crash
+    after the write would leave it."""
+    monkeypatch.setattr(writer_module, "_ccommit", None)
+    writing, release, answered = threading.Event(), threading.Event(), threading.Event()
+    real_write, real_pool = GroupCommitWriter._write, writer_module._worker_pool
+
+    def held_write(writer: GroupCommitWriter, *args: Any) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_write(writer, *args)
+
+    class Pool:
+        """The shared pool; each batch's future signals ``answered`` after the writer's
+        own callback ran."""
+
+        def submit(self, *args: Any) -> Any:
+            future = real_pool().submit(*args)
+            add = future.add_done_callback
+
+            def add_then_signal(callback: Any) -> None:
+                add(callback)
+                add(lambda _: answered.set())
+
+            future.add_done_callback = add_then_signal
+            return future
+
+    monkeypatch.setattr(GroupCommitWriter, "_write", held_write)
+    monkeypatch.setattr(writer_module, "_worker_pool", Pool)
+
+    async def leave_open() -> None:
+        wal = await open_bare(tmp_path)
+        append = asyncio.ensure_future(wal.append(message(7)))
+        assert await asyncio.to_thread(writing.wait, 10)
+        assert not append.done()  # asyncio.run cancels it: its batch stays on the worker
+
+    asyncio.run(leave_open())
+    release.set()
+    assert answered.wait(10)
+    assert not [r for r in caplog.records if r.name == "concurrent.futures"]
+    monkeypatch.setattr(GroupCommitWriter, "_write", real_write)
+    monkeypatch.setattr(writer_module, "_worker_pool", real_pool)
+    assert asyncio.run(payloads_in(tmp_path)) == [message(7).payload]
+
+
 _steps = st.lists(
     st.one_of(
         st.tuples(st.just("append"), st.integers(1, 12)),  # that many concurrent appends

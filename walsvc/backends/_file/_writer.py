@@ -30,12 +30,13 @@ when the commit thread is there).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
 from walsvc.core._codec import timetick_of
@@ -263,19 +264,26 @@ class GroupCommitWriter:
         loop = self._loop
         assert loop is not None
         size = len(data)
-        written.add_done_callback(
-            lambda done: loop.call_soon_threadsafe(
-                self._finish,
-                done.exception(),
-                calls,
-                first,
-                len(records),
-                offset,
-                segment,
-                size,
-                started,
-            )
-        )
+        count = len(records)
+
+        def written_on_worker(done: Future[None]) -> None:
+            # On the worker's thread. A loop closed with this batch in flight (its WAL
+            # was never closed) has nobody waiting for the answers: the batch is on disk
+            # or not, as a crash would leave it, and the next open recovers either.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(
+                    self._finish,
+                    done.exception(),
+                    calls,
+                    first,
+                    count,
+                    offset,
+                    segment,
+                    size,
+                    started,
+                )
+
+        written.add_done_callback(written_on_worker)
 
     def _committer_for(self, size: int) -> _ccommit.Committer | None:
         """The commit thread, if it can take the next batch (``size`` bytes), else None:
