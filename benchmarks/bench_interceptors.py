@@ -22,7 +22,7 @@ from typing import Any
 
 import walsvc
 from walsvc import AppendResult, Message, MessageId
-from walsvc.core._codec import encode
+from walsvc.core._encode import encode
 
 from ._common import (
     LOOPS,

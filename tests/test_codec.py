@@ -19,23 +19,25 @@ from walsvc.backends._memory import MemoryMessageId
 from walsvc.core._codec import (
     HEADER_SIZE,
     VERSION,
-    are_keyed,
-    are_plain,
     count_run,
     decode,
     decode_run,
     decode_split,
+    ext_fields,
+    peek,
+)
+from walsvc.core._columns import HeaderColumns, decode_columns, gather_payloads, walk_columns
+from walsvc.core._encode import (
+    are_keyed,
+    are_plain,
     encode,
     encode_keyed_many,
     encode_plain,
     encode_plain_many,
     encode_plain_message,
-    ext_fields,
     keyed_ext_prefix,
     last_confirmed_ext,
-    peek,
 )
-from walsvc.core._columns import HeaderColumns, decode_columns, gather_payloads, walk_columns
 
 U64 = st.integers(0, 2**64 - 1)
 # Lone surrogates cannot be UTF-8 encoded: Message rejects them (tests/test_errors...).

@@ -17,7 +17,8 @@ import walsvc.core._compiled
 from walsvc import CorruptRecord, Filter, Message, MessageType
 from walsvc.backends._memory import MemoryMessageId
 from walsvc.core._budget import DECODE_COST
-from walsvc.core._codec import decode_chunk, encode
+from walsvc.core._codec import decode_chunk
+from walsvc.core._encode import encode
 
 # "plumless" and "buckeroo" share a CRC-32: the walk matches both, the name check one.
 VCHANNELS = ["", "a", "b", "plumless", "buckeroo", "c"]

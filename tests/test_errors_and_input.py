@@ -34,6 +34,7 @@ from walsvc import (
 )
 from walsvc.backends import _registry
 from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._encode import encode
 from walsvc.testing import memory_wal
 
 
@@ -172,7 +173,7 @@ async def test_message_at_the_limit_is_accepted() -> None:
     async with await memory_wal(max_message_size=1024, interceptors=[]) as wal:
         # Find the largest payload that fits, then one byte more must not.
         message = Message(payload=b"", vchannel="v")
-        overhead = len(walsvc.core._codec.encode(message, timetick=1, term=1))
+        overhead = len(encode(message, timetick=1, term=1))
         await wal.append(Message(payload=bytes(1024 - overhead), vchannel="v"))
         with pytest.raises(MessageTooLarge):
             await wal.append(Message(payload=bytes(1025 - overhead), vchannel="v"))

@@ -38,7 +38,7 @@ import walsvc
 from walsvc import CorruptRecord, DeliverPolicy, ImmutableMessage, Message, MessageType
 from walsvc.backends._file import FileMessageId
 from walsvc.backends._file._format import FRAME_HEADER_SIZE, encode_frames, segment_seq
-from walsvc.core._codec import encode
+from walsvc.core._encode import encode
 
 
 def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:

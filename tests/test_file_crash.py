@@ -54,7 +54,7 @@ from walsvc.backends._file._format import (
     parse_frame_header,
     verify_frame,
 )
-from walsvc.core._codec import encode
+from walsvc.core._encode import encode
 
 
 def open_bare(*args: Any, **kwargs: Any) -> Awaitable[walsvc.WAL]:

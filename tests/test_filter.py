@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import walsvc
 from walsvc import Filter, ImmutableMessage, Message, MessageType
 from walsvc.backends._memory import MemoryMessageId
-from walsvc.core._codec import encode
+from walsvc.core._encode import encode
 from walsvc.core._filter import vchannel_hash
 from walsvc.testing import memory_wal
 

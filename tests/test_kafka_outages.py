@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.backends._kafka import KafkaBackend
-from walsvc.core._codec import encode
+from walsvc.core._encode import encode
 
 __all__ = ("paused_broker", "tansu_url")
 

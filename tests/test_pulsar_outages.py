@@ -15,7 +15,7 @@ from pulsar import _pulsar
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.backends._pulsar._client import translate
-from walsvc.core._codec import encode
+from walsvc.core._encode import encode
 
 __all__ = ("broker", "own_broker")
 

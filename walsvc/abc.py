@@ -54,10 +54,10 @@ from walsvc.core._codec import (
     EnvelopeHeader,
     decode,
     decode_run,
-    encode,
     peek,
     timetick_of,
 )
+from walsvc.core._encode import encode
 from walsvc.core._ids import MessageId, SequenceMessageId
 
 __all__ = (

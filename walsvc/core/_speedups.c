@@ -24,7 +24,7 @@
  * encode_plain_batch(messages, first_tick, term, ext, limit, names, resolve) -> list | None
  *
  * lays out message i of `messages` (walsvc.Message objects without properties, key or
- * txn) as walsvc.core._codec.encode_plain does with timetick first_tick + i, `term` and the
+ * txn) as walsvc.core._encode.encode_plain does with timetick first_tick + i, `term` and the
  * shared ext section `ext`: the envelopes of a batch appended by the WAL. `names` is
  * encode_plain's cache (vchannel -> (UTF-8 name, hash)); a name missing from it is
  * looked up with resolve(vchannel), which fills it. Returns None, encoding nothing, if
@@ -43,8 +43,8 @@
  * objects without properties or txn): a message without one gets the ext section `ext`,
  * one with key k gets `keyed_ext` followed by k as a msgpack str (the shortest form, as
  * msgspec writes it). `keyed_ext` is the msgpack of the ext Struct with that key left out
- * of its end (walsvc.core._codec.keyed_ext_prefix), so each envelope is byte for byte
- * what walsvc.core._codec.encode lays out: the keyed appends the WAL coalesces.
+ * of its end (walsvc.core._encode.keyed_ext_prefix), so each envelope is byte for byte
+ * what walsvc.core._encode.encode lays out: the keyed appends the WAL coalesces.
  *
  * bind_message(cls) -> bool
  *

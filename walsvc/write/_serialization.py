@@ -24,8 +24,8 @@ from typing import Final, final
 
 from scanners._tail_cache import TailCache
 from walsvc.backends._base import Backend
-from walsvc.core._codec import (
-    HEADER_SIZE,
+from walsvc.core._codec import HEADER_SIZE
+from walsvc.core._encode import (
     are_keyed,
     are_plain,
     encode,
