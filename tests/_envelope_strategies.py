@@ -1,0 +1,44 @@
+"""Hypothesis strategies for envelopes' fields, shared by the codec's tests, and
+``in_python``: a call with walsvc's compiled loops switched off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+import walsvc.core._compiled
+from walsvc import MessageType, TxnContext
+from walsvc.backends._memory import MemoryMessageId
+
+U64 = st.integers(0, 2**64 - 1)
+# Lone surrogates cannot be UTF-8 encoded: Message rejects them (tests/test_errors...).
+TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=24)
+MESSAGE_TYPES = st.one_of(
+    st.sampled_from(list(MessageType)), st.integers(10_000, 65_535).map(MessageType)
+)
+PAYLOADS = st.one_of(
+    st.binary(max_size=300),
+    # Large payloads, built cheaply from a short pattern.
+    st.builds(
+        lambda pattern, n: pattern * n, st.binary(min_size=1, max_size=3), st.integers(1, 200_000)
+    ),
+)
+TXNS = st.one_of(
+    st.none(), st.builds(TxnContext, st.integers(-(2**63), 2**64 - 1), st.integers(0, 2**64 - 1))
+)
+IDS = st.builds(MemoryMessageId, U64)
+
+
+def in_python(function: Any, *args: Any) -> Any:
+    """``function(*args)`` with walsvc's compiled loops switched off."""
+    compiled = walsvc.core._compiled
+    names = compiled.__all__
+    saved = [getattr(compiled, name) for name in names]
+    for name in names:
+        setattr(compiled, name, None)
+    try:
+        return function(*args)
+    finally:
+        for name, value in zip(names, saved, strict=True):
+            setattr(compiled, name, value)
