@@ -42,9 +42,7 @@ from walsvc.core._errors import (
     InvalidArgument,
     InvalidMessage,
     WALClosed,
-    WALError,
     WALReadOnly,
-    WALTruncated,
 )
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
@@ -60,6 +58,7 @@ from walsvc.write._txn import Txn
 from ._api import DEFAULT_TXN_BUFFER_BYTES, WAL
 from ._context import WALContext
 from ._gauges import gauges_of
+from ._startup import WriterStartup
 from ._txn_replay import read_committed_txn
 
 __all__ = (
@@ -76,8 +75,6 @@ DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
 DEFAULT_TAIL_CACHE_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_TAIL_CACHE_AGE: Final = 30.0
 _FROM_THE_START: Final = DeliverPolicy.all()
-#: The last-confirmed pin held while a writer's interceptors recover (_hold_recovered_checkpoint).
-_RECOVERY: Final = object()
 
 
 #: The WAL each interceptor instance serves, by the instance's id (an entry goes with its
@@ -134,9 +131,8 @@ class LocalWAL(WAL):
         "_plain_batch_chain",
         "_plain_chain",
         "_point",
-        "_ready",
-        "_ready_error",
         "_scanners",
+        "_startup",
         "_tick_listeners",
         "_writable",
     )
@@ -196,8 +192,8 @@ class LocalWAL(WAL):
         #: The newest id in the log when this writer opened (the tail cache's first floor).
         self._newest_at_open: MessageId | None = None
         self._tick_listeners: list[TickListener] = []
-        self._ready: asyncio.Task[None] | None = None
-        self._ready_error: BaseException | None = None
+        #: Set while the interceptors' ready hooks run, and for good if they failed.
+        self._startup: WriterStartup | None = None
         self._metrics = self._record_metrics()
 
     def _record_metrics(self) -> WALMetrics | None:
@@ -225,53 +221,19 @@ class LocalWAL(WAL):
         """For a writer: start the interceptors' ``ready`` hooks in the background."""
         ready = [m for m in self._members if isinstance(m, ReadyInterceptor)]
         if self._writable and ready:
-            self._ready = asyncio.get_running_loop().create_task(self._run_ready(ready))
-
-    async def _run_ready(self, members: list[ReadyInterceptor]) -> None:
-        await self._hold_recovered_checkpoint()
-        context = WALContext(self)
-        for member in members:
-            await member.ready(context)
-        self._point.pins.pop(_RECOVERY, None)
-
-    async def _hold_recovered_checkpoint(self) -> None:
-        """Before the ready hooks run: until they finish, new messages (the opening
-        TimeTick, rollbacks of orphaned transactions) carry the last-confirmed id of the
-        newest message in the log, so a transaction an earlier writer left open stays
-        visible from every checkpoint written meanwhile."""
-        latest = await self._backend.latest_message_id()
-        if latest is None:
-            return
-        scanner = self._backend.read(DeliverPolicy.start_from(latest), Filter.everything())
-        try:
-            (newest, *_) = await scanner.next_batch()
-        except WALTruncated:
-            return  # nothing retained: nothing left open
-        finally:
-            await scanner.aclose()
-        self._point.pins[_RECOVERY] = newest.last_confirmed_id
+            self._startup = WriterStartup(self._backend, self._point.pins, WALContext(self), ready)
 
     async def wait_ready(self) -> None:
         """Wait until every interceptor's ``ready`` hook finished (the first append waits
         for this anyway); raises what a hook raised."""
-        if self._ready is not None or self._ready_error is not None:
+        if self._startup is not None:
             await self._wait_ready()
 
     async def _wait_ready(self) -> None:
-        ready = self._ready
-        if ready is not None:
-            if not ready.done():
-                await asyncio.wait((ready,))  # its outcome is raised below, once for all
-            self._ready = None
-            if ready.cancelled():  # only aclose cancels it
-                self._ready_error = WALClosed(f"WAL {self.pchannel!r} closed while starting")
-            else:
-                self._ready_error = ready.exception()
-        error = self._ready_error
-        if error is not None:
-            # A fresh error each time (one raised twice would pile up tracebacks), of the
-            # type that failed the start: fenced before the first TimeTick, damage, ...
-            raise _start_failed(self.pchannel, error) from error
+        startup = self._startup
+        assert startup is not None
+        await startup.wait()  # raises while the start failed: the startup stays
+        self._startup = None
 
     @property
     def pchannel(self) -> str:
@@ -357,7 +319,7 @@ class LocalWAL(WAL):
             self._check_writable()
         if type(message) is not Message or message.type in SYSTEM_TYPES or message.txn is not None:
             self._check_user_message(message)
-        if self._ready is not None or self._ready_error is not None:
+        if self._startup is not None:
             await self._wait_ready()
         if message.idempotency_key is None:  # and no txn: a plain message
             if self._coalescer is not None:
@@ -387,8 +349,7 @@ class LocalWAL(WAL):
             and type(message) is Message
             and message.txn is None
             and message.type not in SYSTEM_TYPES
-            and self._ready is None
-            and self._ready_error is None
+            and self._startup is None
         ):
             if message.idempotency_key is None:
                 if self._coalescer is not None:
@@ -415,7 +376,7 @@ class LocalWAL(WAL):
     def _group_kind(self, messages: Sequence[Message]) -> AppendCoalescer | KeyedCoalescer | None:
         """The coalescer that takes every one of ``messages`` (all plain, or all keyed,
         none of a system type or a transaction's, on a ready writer), or None."""
-        if not self._writable or self._ready is not None or self._ready_error is not None:
+        if not self._writable or self._startup is not None:
             return None
         keyed = messages[0].idempotency_key is not None
         for message in messages:
@@ -448,7 +409,7 @@ class LocalWAL(WAL):
             self._check_user_message(message)
         if not batch:
             return []
-        if self._ready is not None or self._ready_error is not None:
+        if self._startup is not None:
             await self._wait_ready()
         plain = all(map(is_plain, batch))
         batch_chain = self._plain_batch_chain if plain else self._batch_chain
@@ -462,7 +423,7 @@ class LocalWAL(WAL):
     async def _append_internal(self, message: Message) -> AppendResult:
         """Append a message the WAL built (transaction control and body) through the chain."""
         self._check_writable()
-        if self._ready is not None or self._ready_error is not None:
+        if self._startup is not None:
             await self._wait_ready()
         return await self._chain(message)
 
@@ -470,7 +431,7 @@ class LocalWAL(WAL):
         """``_append_internal`` for a batch (transaction bodies): one pass down the batch
         chain when every member handles batches, else one message at a time."""
         self._check_writable()
-        if self._ready is not None or self._ready_error is not None:
+        if self._startup is not None:
             await self._wait_ready()
         if self._batch_chain is None:
             return [await self._chain(message) for message in messages]
@@ -506,7 +467,7 @@ class LocalWAL(WAL):
                     "this WAL's interceptor chain remembers no transaction keys"
                     " (interceptors.Dedup)"
                 )
-            if self._ready is not None or self._ready_error is not None:
+            if self._startup is not None:
                 await self._wait_ready()
             committed = await window.committed_txn(vchannel, idempotency_key)
             if committed is not None:
@@ -641,12 +602,8 @@ class LocalWAL(WAL):
         # From here the appends still draining (queued, or owned by Dedup) are bounded
         # by the backend's close timeout, not its request timeouts.
         self._backend.begin_close()
-        ready = self._ready
-        if ready is not None:
-            # A failed ready hook (e.g. the writer was fenced before its first TimeTick)
-            # that no append ever waited for: its error is retrieved here, not leaked.
-            ready.cancel()
-            await asyncio.gather(ready, return_exceptions=True)
+        if self._startup is not None:
+            await self._startup.cancel()
         if self._coalescer is not None:
             await self._coalescer.drain()
         if self._keyed_coalescer is not None:
@@ -675,15 +632,6 @@ class LocalWAL(WAL):
         mode = "ro" if self.read_only else f"rw term={self.term}"
         state = " closed" if self._closed else ""
         return f"<walsvc.WAL {self._backend.scheme}:{self.pchannel} {mode}{state}>"
-
-
-def _start_failed(pchannel: str, error: BaseException) -> WALError:
-    """What every append raises once the interceptors' ``ready`` hooks failed with
-    ``error``: a WALError of its type (``WALError`` itself for anything else)."""
-    message = f"WAL {pchannel!r} could not start its writer: {error}"
-    if isinstance(error, WALError):
-        return type(error)(message)
-    return WALError(f"WAL {pchannel!r} could not start its writer: {error!r}")
 
 
 def _each(head: CoalescingInterceptor, below: AppendBatchNext) -> AppendEach:
