@@ -4,15 +4,20 @@ with ``walsvc.metrics`` on over the same with it off, side by side in one run (i
 
 Each measure opens a fresh pchannel after turning recording on or off (a WAL records
 only if metrics were on when it opened) and scrapes the registry once at the end, as
-Prometheus would, so the collectors run too.
+Prometheus would, so the collectors run too. Beside the rates it prints the event loop
+thread's CPU per message (``time.thread_time``) on over off, with its own A/A: the cost
+as loop work, apart from the disk's latency (which moves the rate too). Its A/A spread
+here is about as wide as the rate's (0.99-1.03 in the first runs).
 
 Run alone: ``python -m benchmarks.bench_metrics`` prints the figures.
 """
 
 from __future__ import annotations
 
+import time
 import timeit
 import uuid
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -45,9 +50,14 @@ WARMUP = 0.2
 REPEATS = 9
 
 
-async def _rate(directory: str, registry: CollectorRegistry | None) -> float:
-    """Messages/s of 64 producers on a fresh pchannel, with metrics on and exported
-    through ``registry`` (scraped once at the end), or off (None)."""
+class _Measure(NamedTuple):
+    rate: float  #: messages/s
+    loop_cpu: float  #: seconds of the event loop thread's CPU per message
+
+
+async def _measure(directory: str, registry: CollectorRegistry | None) -> _Measure:
+    """64 producers on a fresh pchannel, with metrics on and exported through
+    ``registry`` (scraped once at the end), or off (None)."""
     if registry is not None:
         walsvc.metrics.enable(registry)
     try:
@@ -61,10 +71,12 @@ async def _rate(directory: str, registry: CollectorRegistry | None) -> float:
                 return await wal.append(message)
 
             await closed_loop_rate(operation, producers=PRODUCERS, seconds=WARMUP)
+            wall, cpu = time.perf_counter(), time.thread_time()
             rate = await closed_loop_rate(operation, producers=PRODUCERS, seconds=SECONDS)
+            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
             if registry is not None:  # the scrape: what was counted is there
                 assert b"walsvc_appended_messages_total" in generate_latest(registry)
-            return rate
+            return _Measure(rate, cpu / wall / rate)
         finally:
             await wal.aclose()
     finally:
@@ -93,18 +105,27 @@ class MetricsCost:
 
     def track_append_64_producers_metrics_ratio(self, loop: str) -> float:
         registry = CollectorRegistry()
-        off, off_again, on = side_by_side(
+        measured = side_by_side(
             self.loop,
             REPEATS,
-            lambda: _rate(self.directory, None),
-            lambda: _rate(self.directory, None),
-            lambda: _rate(self.directory, registry),
+            lambda: _measure(self.directory, None),
+            lambda: _measure(self.directory, None),
+            lambda: _measure(self.directory, registry),
+        )
+        (off, off_again, on), (cpu_off, cpu_off_again, cpu_on) = (
+            [[m.rate for m in ms] for ms in measured],
+            [[m.loop_cpu for m in ms] for ms in measured],
         )
         what = "64 producers, file:// sync=always"
         note(f"{what}: metrics off {[round(r) for r in off]} msgs/s")
         note(f"{what}: metrics off again {[round(r) for r in off_again]} msgs/s")
         note(f"{what}: metrics on {[round(r) for r in on]} msgs/s")
         note(f"{what}: A/A (off again / off) {paired_ratio(off, off_again):.3f}")
+        note(
+            f"{what}: loop CPU per message, off {[round(c * 1e9) for c in cpu_off]} ns,"
+            f" on {[round(c * 1e9) for c in cpu_on]} ns; on/off"
+            f" {paired_ratio(cpu_off, cpu_on):.3f} (A/A {paired_ratio(cpu_off, cpu_off_again):.3f})"
+        )
         return paired_ratio(off, on)
 
 
