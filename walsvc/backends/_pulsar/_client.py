@@ -8,7 +8,9 @@ package sees a pulsar exception: ``translate`` turns them into walsvc errors.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import gc
 import math
 import os
 import threading
@@ -184,6 +186,22 @@ def connect(location: str, options: Options) -> pulsar_asyncio.Client:
         )
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a Pulsar client for {url}") from exc
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """At interpreter exit, before its teardown: free the pulsar-client objects that
+    only reference cycles still hold (a closed WAL's client and producer stay in its
+    cycles until the cyclic collector runs, which would be during the teardown).
+
+    Why: a pulsar-client object destroyed during the interpreter's teardown can take the
+    process down with it: SIGSEGV, or SIGABRT after "terminate called without an active
+    exception". Measured with Pulsar Lite and two busy processes beside it: a script
+    that opened a WAL, appended and closed it exited so in 4 of 40 runs; with the cycles
+    collected before the teardown, 0 of 60. A WAL still open at exit is not helped (its
+    client cannot be shut down once its event loop is closed: pulsar-client's shutdown
+    then fails its pending callbacks): close WALs before exiting."""
+    gc.collect()
 
 
 def pulsar_id(message_id: PulsarMessageId) -> pulsar.MessageId:
