@@ -1,4 +1,5 @@
-"""A process that used ``pulsar://`` exits cleanly.
+"""A process that used ``pulsar://`` exits cleanly, and a closed WAL leaves nothing
+running behind it.
 
 pulsar-client objects destroyed during the interpreter's teardown crash the process
 while the client's C++ threads still run (SIGSEGV, or SIGABRT after "terminate called
@@ -8,6 +9,11 @@ cyclic collector runs, which at exit is during that teardown; so walsvc frees th
 an ``atexit`` hook. The crash itself is a race (4 runs in 40 on a loaded machine); the
 test checks the hook's effect, which is not: by the time the interpreter tears down, no
 pulsar-client object of a closed WAL is alive.
+
+A reader made through ``pulsar.asyncio`` also stayed alive after its close, with its
+client's I/O threads: the C++ client keeps the callback that announced the reader, and
+that callback held the asyncio future whose result is the reader. walsvc's callbacks
+let go of their future once called; the second test counts the native threads left.
 """
 
 from __future__ import annotations
@@ -70,3 +76,31 @@ def test_a_closed_wal_leaves_no_pulsar_object_to_the_teardown(broker: PulsarLite
     )
     assert (result.returncode, result.stderr) == (0, ""), result
     assert result.stdout == "alive at exit: []\n"
+
+
+def test_closed_wals_leave_no_native_thread_behind(broker: PulsarLite) -> None:
+    """Three WALs opened (the default chain: its ready hooks read the log), appended to,
+    read and closed: the process then runs no thread but its Python ones."""
+    result = _run(
+        """
+        import asyncio, gc, os, threading, walsvc
+        from walsvc import DeliverPolicy, Message
+
+        def native_threads():
+            gc.collect()
+            return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+
+        async def main(pchannel):
+            async with await walsvc.open_wal(sys.argv[1], pchannel) as wal:
+                await wal.append(Message(payload=b"x", vchannel="v"))
+                async with wal.read(DeliverPolicy.all()) as scanner:
+                    await anext(scanner)
+
+        for i in range(3):
+            asyncio.run(main(f"{sys.argv[2]}-{i}"))
+        print("native threads left:", native_threads())
+        """,
+        broker,
+    )
+    assert (result.returncode, result.stderr) == (0, ""), result
+    assert result.stdout == "native threads left: 0\nalive at exit: []\n"

@@ -18,10 +18,11 @@ from typing import Any, Final, final
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
+from pulsar import _pulsar
 
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed
 
-from ._client import PULSAR_ERRORS, pulsar_id, translate
+from ._client import PULSAR_ERRORS, call_async, pulsar_id, translate
 from ._ids import PulsarMessageId
 from ._reader import BATCH, OrderedReader
 from ._records import ChainValidator, Link, foreign, parse
@@ -66,17 +67,26 @@ async def create_reader(
     else:
         assert isinstance(start, PulsarMessageId)
         start_id = pulsar_id(start)
+    # What pulsar.asyncio's Client.create_reader does, but through call_async, whose
+    # callback does not keep the reader alive after the close (see call_async).
+    schema = pulsar.schema.BytesSchema()
+    conf = _pulsar.ReaderConfiguration()
+    conf.receiver_queue_size(BATCH)
+    conf.schema(schema.schema_info())
+    conf.read_compacted(compacted)
+    conf.start_message_id_inclusive(inclusive)
+    conf.crypto_failure_action(pulsar.ConsumerCryptoFailureAction.FAIL)
+    raw = client._client
+    if isinstance(start_id, pulsar.MessageId):  # earliest and latest are the C++ ids
+        start_id = start_id._msg_id
     try:
-        reader = await client.create_reader(
-            topic,
-            start_id,
-            start_message_id_inclusive=inclusive,
-            receiver_queue_size=BATCH,
-            is_read_compacted=compacted,
+        created = await call_async(
+            lambda done: raw.create_reader_async(topic, start_id, conf, done)
         )
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a reader of {topic}") from exc
-    return OrderedReader(reader, start=start, inclusive=inclusive)
+    schema.attach_client(raw)
+    return OrderedReader(pulsar_asyncio.Reader(created, schema), start=start, inclusive=inclusive)
 
 
 def behind(reader: OrderedReader, end: PulsarMessageId | None) -> bool:
