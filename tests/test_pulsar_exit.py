@@ -104,3 +104,52 @@ def test_closed_wals_leave_no_native_thread_behind(broker: PulsarLite) -> None:
     )
     assert (result.returncode, result.stderr) == (0, ""), result
     assert result.stdout == "native threads left: 0\nalive at exit: []\n"
+
+
+def test_reads_cancelled_at_random_points_leave_no_native_thread_behind(
+    broker: PulsarLite,
+) -> None:
+    """Reads cancelled after a random number of loop turns (some while their reader is
+    being made, some while it waits for messages), then the WAL closed: no native thread
+    is left, and a fresh read still delivers every acknowledged message, once, in
+    order."""
+    result = _run(
+        """
+        import asyncio, gc, os, random, threading, walsvc
+        from walsvc import DeliverPolicy, Message
+
+        def native_threads():
+            gc.collect()
+            return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+
+        async def read_some(wal):
+            async with wal.read(DeliverPolicy.all()) as scanner:
+                async for _ in scanner:
+                    pass
+
+        async def main():
+            rng = random.Random(7)
+            async with await walsvc.open_wal(sys.argv[1], sys.argv[2]) as wal:
+                acked = [await wal.append(Message(payload=b"%d" % i, vchannel="v"))
+                         for i in range(20)]
+                for _ in range(12):
+                    reading = asyncio.ensure_future(read_some(wal))
+                    for _ in range(rng.randrange(0, 40)):
+                        await asyncio.sleep(0)
+                    reading.cancel()
+                    await asyncio.gather(reading, return_exceptions=True)
+                got = []
+                async with wal.read(DeliverPolicy.all()) as scanner:
+                    async for m in scanner:
+                        got.append(m.message_id)
+                        if m.message_id == acked[-1].message_id:
+                            break
+                assert got == [a.message_id for a in acked], got
+
+        asyncio.run(main())
+        print("native threads left:", native_threads())
+        """,
+        broker,
+    )
+    assert (result.returncode, result.stderr) == (0, ""), result
+    assert result.stdout == "native threads left: 0\nalive at exit: []\n"
