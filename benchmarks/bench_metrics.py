@@ -47,7 +47,7 @@ from ._common import (
 #: noise floor.
 SECONDS = 1.0
 WARMUP = 0.2
-REPEATS = 9
+REPEATS = 15
 
 
 class _Measure(NamedTuple):

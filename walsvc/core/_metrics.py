@@ -6,7 +6,8 @@ WAL opened while it is off gets no ``WALMetrics`` and each recording site costs 
 pchannel; its parts (the serialization point, the coalescers, the backend, the
 interceptors, the scanners) add to it as they work, per batch rather than per message
 wherever a batch exists, in plain ints: nothing here allocates per message, takes a
-lock or does I/O. The collector reads the counters at scrape time and adds the gauges
+lock or does I/O. The append path records through ``AppendRecorder``, one call per
+site and batch. The collector reads the counters at scrape time and adds the gauges
 (cache, scanners, subscriptions) and the interceptors' own counters (dedup hits,
 transactions) from the WAL's state then (``snapshot``).
 
@@ -18,14 +19,17 @@ from __future__ import annotations
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final, final
 
 __all__ = (
     "BATCH_BUCKETS",
     "CLIENT",
     "LATENCY_BUCKETS",
+    "AppendRecorder",
     "ClientCounters",
     "Histogram",
+    "PyAppendRecorder",
     "PyHistogram",
     "WALMetrics",
     "live_metrics",
@@ -64,7 +68,7 @@ class PyHistogram:
     ``bounds[i]`` and above ``bounds[i - 1]``; the last count is those above every
     bound (``+Inf``). ``observe(value, n)`` counts ``value`` ``n`` times (a batch's
     latency for each of its messages), in one bisect. ``Histogram`` is this class
-    compiled where walsvc was built with a C compiler (``_chistogram.c``)."""
+    compiled where walsvc was built with a C compiler (``_cmetrics.c``)."""
 
     __slots__ = ("bounds", "count", "counts", "sum")
 
@@ -97,18 +101,148 @@ class PyHistogram:
 
 
 Histogram = PyHistogram
-if not TYPE_CHECKING:  # the type checker reads PyHistogram: the compiled one's interface
+
+
+class PyAppendRecorder:
+    """The append path's histograms and counters, filled once per batch by three parts:
+
+    - a coalescer around each batch it appends: ``batch_started`` (the batch's first
+      message's ``id`` and its size; returns a token) and ``batch_ended(token)`` once it
+      is answered, which counts the batch's time once per message (``append_seconds``)
+      and splits it into the interceptors' share (``chain_seconds``) and the answers'
+      (``ack_seconds``);
+    - the serialization point after each backend call: ``serialized`` counts the
+      messages, the batch size, the encoding and the commit; the two ends of a batch
+      meet through the first message's ``id``, which the interceptors pass down
+      unchanged, without passing anything down the chain (a context variable did the
+      same and cost about 2% of a 64-producer file append: measured). A batch whose
+      first message was left out or replaced on the way down, or that reached the
+      serialization point more than once (appended message by message), is not split;
+    - the file backend after each group commit: ``committed``.
+
+    Each reads the clock itself (``time.perf_counter``; ``now``). ``AppendRecorder`` is
+    this class compiled where walsvc was built with a C compiler (``_cmetrics.c``): one
+    C call per site and batch, where this one costs about 1 us a call inside a busy
+    append loop."""
+
+    __slots__ = (
+        "_flights",
+        "ack_seconds",
+        "append_batches",
+        "append_messages",
+        "append_seconds",
+        "chain_seconds",
+        "commit_records",
+        "commit_seconds",
+        "encode_seconds",
+        "segment_rollovers",
+        "stage_commit_seconds",
+        "written_bytes",
+    )
+
+    def __init__(self, latency_bounds: tuple[float, ...], batch_bounds: tuple[float, ...]) -> None:
+        #: Messages made durable, and messages per backend call.
+        self.append_messages = 0
+        self.append_batches = Histogram(batch_bounds)
+        #: Time to append: from a coalesced batch's start down the chain to its answer,
+        #: once per message of it.
+        self.append_seconds = Histogram(latency_bounds)
+        #: The serialization point's stages, per backend call: encoding (ticks and
+        #: envelopes), and the backend's commit (from the call to its acknowledgement).
+        self.encode_seconds = Histogram(latency_bounds)
+        self.stage_commit_seconds = Histogram(latency_bounds)
+        #: The rest of a coalesced batch's time to append, per batch: ``chain`` (the
+        #: interceptors, down and back up) and ``ack`` (from the backend's
+        #: acknowledgement to the answers).
+        self.chain_seconds = Histogram(latency_bounds)
+        self.ack_seconds = Histogram(latency_bounds)
+        #: The file backend's group commits: seconds per commit (write and fdatasync,
+        #: from the hand-off to its thread to its completion on the loop), records per
+        #: commit, bytes written, segments started.
+        self.commit_seconds = Histogram(latency_bounds)
+        self.commit_records = Histogram(batch_bounds)
+        self.written_bytes = 0
+        self.segment_rollovers = 0
+        # The coalesced batches in flight, by token: [first id, size, started, encode,
+        # commit, acked_at, serializations]; first id 0 once a later batch with the same
+        # first message started (the serialization point's record goes to that one).
+        self._flights: dict[int, list[Any]] = {}
+
+    @staticmethod
+    def now() -> float:
+        """The recorder's clock: ``time.perf_counter``'s."""
+        return perf_counter()
+
+    def batches_in_flight(self) -> int:
+        """Coalesced batches started and not yet ended."""
+        return len(self._flights)
+
+    def batch_started(self, first: int, count: int) -> int:
+        """A coalesced batch of ``count`` messages, the first of ``id`` ``first``,
+        starts now; the token to pass to ``batch_ended``."""
+        if not first:
+            raise ValueError("batch_started: first is the id of a message")
+        for flight in self._flights.values():
+            if flight[0] == first:
+                flight[0] = 0  # the same message in two batches: the later one's
+        token = next(i for i in range(len(self._flights) + 1) if i not in self._flights)
+        self._flights[token] = [first, count, perf_counter(), 0.0, 0.0, 0.0, 0]
+        return token
+
+    def batch_ended(self, token: int) -> None:
+        """The batch of ``token`` is answered now."""
+        now = perf_counter()
+        flight = self._flights.pop(token, None)
+        if flight is None:
+            raise ValueError("batch_ended: not a batch in flight")
+        first, count, started, encode, commit, acked_at, serializations = flight
+        total = now - started
+        self.append_seconds.observe(total, count)
+        if first and serializations == 1:
+            ack = now - acked_at
+            self.ack_seconds.observe(ack)
+            self.chain_seconds.observe(max(total - encode - commit - ack, 0.0))
+
+    def serialized(self, started: float, encoded: float, count: int, first: int) -> None:
+        """``count`` messages, the first of ``id`` ``first``, encoded from ``started``
+        to ``encoded``, are acknowledged by the backend now."""
+        acked = perf_counter()
+        self.append_messages += count
+        self.append_batches.observe(count)
+        self.encode_seconds.observe(encoded - started)
+        self.stage_commit_seconds.observe(acked - encoded)
+        for flight in self._flights.values():
+            if flight[0] == first:
+                flight[3] += encoded - started
+                flight[4] += acked - encoded
+                flight[5] = acked
+                flight[6] += 1
+                break
+
+    def committed(self, started: float, records: int, size: int, rolled_over: bool) -> None:
+        """A file group commit of ``records`` records and ``size`` bytes, handed off at
+        ``started``, is done now (``rolled_over``: it started a segment)."""
+        self.commit_seconds.observe(perf_counter() - started)
+        self.commit_records.observe(records)
+        self.written_bytes += size
+        self.segment_rollovers += rolled_over
+
+
+AppendRecorder = PyAppendRecorder
+if not TYPE_CHECKING:  # the type checker reads the Python classes: the compiled ones' interface
     try:
-        from . import _chistogram
+        from . import _cmetrics
     except ImportError:  # built without a C compiler
         pass
     else:
-        Histogram = _chistogram.Histogram
+        Histogram = _cmetrics.Histogram
+        AppendRecorder = _cmetrics.AppendRecorder
 
 
 @final
-class WALMetrics:
-    """The counters of one WAL (one pchannel), added to by its parts as they work.
+class WALMetrics(AppendRecorder):
+    """The counters of one WAL (one pchannel), added to by its parts as they work: the
+    append path's through ``AppendRecorder``'s calls, the rest here.
 
     ``snapshot`` is set by the WAL: called at scrape time, it returns the gauges of its
     state then (see ``walsvc.metrics``), or None once the WAL is closed.
@@ -116,63 +250,34 @@ class WALMetrics:
 
     __slots__ = (
         "__weakref__",
-        "ack_seconds",
-        "append_batches",
         "append_errors",
-        "append_messages",
-        "append_seconds",
-        "chain_seconds",
         "checkpoint_seconds",
-        "clocks",
-        "commit_records",
-        "commit_seconds",
         "consumed_messages",
         "deliver_seconds",
-        "encode_seconds",
         "fenced",
         "pchannel",
         "read_batches",
         "scheme",
-        "segment_rollovers",
         "snapshot",
-        "stage_commit_seconds",
+    )
+
+    #: The plain counters (ints), here and in ``AppendRecorder``: what ``add`` sums.
+    COUNTERS: Final = (
+        "append_messages",
+        "fenced",
         "written_bytes",
+        "segment_rollovers",
+        "consumed_messages",
     )
 
     def __init__(self, pchannel: str, scheme: str) -> None:
+        super().__init__(LATENCY_BUCKETS, BATCH_BUCKETS)
         self.pchannel = pchannel
         self.scheme = scheme
-        #: Messages made durable.
-        self.append_messages = 0
-        #: Messages per batch handed to the backend.
-        self.append_batches = Histogram(BATCH_BUCKETS)
-        #: Time to append: from a coalesced batch's start down the chain to its answer,
-        #: once per message of it.
-        self.append_seconds = Histogram(LATENCY_BUCKETS)
-        #: The serialization point's stages, per batch: encoding (ticks and envelopes),
-        #: and the backend's commit (from the call to its acknowledgement).
-        self.encode_seconds = Histogram(LATENCY_BUCKETS)
-        self.stage_commit_seconds = Histogram(LATENCY_BUCKETS)
-        #: The rest of a coalesced batch's time to append, per batch: ``chain`` (the
-        #: interceptors, down and back up) and ``ack`` (from the backend's
-        #: acknowledgement to the answers). Measured for batches that reach the
-        #: serialization point once (see ``BatchClock``).
-        self.chain_seconds = Histogram(LATENCY_BUCKETS)
-        self.ack_seconds = Histogram(LATENCY_BUCKETS)
-        #: The clocks of the coalesced batches being appended, by the ``id`` of each
-        #: batch's first message (see ``BatchClock``).
-        self.clocks: dict[int, BatchClock] = {}
         #: Appends that failed, by error type name.
         self.append_errors: dict[str, int] = {}
         #: Appends refused because a newer writer fenced this one.
         self.fenced = 0
-        #: The file backend's group commits: seconds per commit (write and fdatasync,
-        #: from the hand-off to its thread to its completion on the loop), records per
-        #: commit, bytes written, segments started.
-        self.commit_seconds = Histogram(LATENCY_BUCKETS)
-        self.commit_records = Histogram(BATCH_BUCKETS)
-        self.written_bytes = 0
-        self.segment_rollovers = 0
         #: Messages handed to readers, messages per batch handed, and the time from a
         #: message's timetick (its append) to its delivery, per message.
         self.consumed_messages = 0
@@ -200,11 +305,8 @@ class WALMetrics:
 
     def add(self, other: WALMetrics) -> None:
         """Add the counts of ``other`` (another WAL of this pchannel) to these."""
-        self.append_messages += other.append_messages
-        self.fenced += other.fenced
-        self.written_bytes += other.written_bytes
-        self.segment_rollovers += other.segment_rollovers
-        self.consumed_messages += other.consumed_messages
+        for name in self.COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for name, count in list(other.append_errors.items()):
             self.append_errors[name] = self.append_errors.get(name, 0) + count
         for mine, theirs in zip(self.histograms(), other.histograms(), strict=True):
@@ -215,28 +317,6 @@ class WALMetrics:
         self.append_errors[name] = self.append_errors.get(name, 0) + 1
         if name == "WALFenced":
             self.fenced += 1
-
-
-@final
-class BatchClock:
-    """What the serialization point measured of a batch a coalescer times. The
-    coalescer files it in ``WALMetrics.clocks`` under the ``id`` of the batch's first
-    message, which the interceptors pass down unchanged, and the serialization point
-    finds it there: the two ends of one batch meet without passing anything down the
-    chain. (A context variable did the same and cost about 2% of a 64-producer file
-    append: measured.) A batch whose first message was left out or replaced on the way
-    down is not split; nor is one appended message by message."""
-
-    __slots__ = ("acked_at", "commit", "encode", "serializations")
-
-    def __init__(self) -> None:
-        self.encode = 0.0
-        self.commit = 0.0
-        #: ``perf_counter()`` when the backend acknowledged the batch.
-        self.acked_at = 0.0
-        #: How often the batch reached the serialization point (1 for a batch appended
-        #: whole; its stages are split only then).
-        self.serializations = 0
 
 
 @final

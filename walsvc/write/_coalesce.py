@@ -31,13 +31,12 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Sequence
 from itertools import repeat
-from time import perf_counter
 from typing import Any, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext
 from walsvc.core._errors import AppendOutcomeUnknown, MessageTooLarge
 from walsvc.core._message import AppendResult, Message
-from walsvc.core._metrics import BatchClock, WALMetrics
+from walsvc.core._metrics import WALMetrics
 
 __all__ = ("AppendCoalescer", "KeyedCoalescer", "Outcome", "outcome_of")
 
@@ -125,26 +124,13 @@ class _Coalescer:
         raise NotImplementedError
 
     async def _append_timed(self, metrics: WALMetrics) -> None:
-        """``_append_queued``, counting its time once per message of the batch (which
-        it takes in this same step: nothing joins it after this count), and splitting
-        it into the chain's share and the ack's (``BatchClock``)."""
-        count, started = len(self._messages), perf_counter()
-        clock = BatchClock()
-        first = id(self._messages[0])
-        clocks = metrics.clocks
-        clocks[first] = clock
+        """``_append_queued``, recorded as one batch (``AppendRecorder.batch_started``):
+        the batch it takes in this same step, nothing joins it after this count."""
+        flight = metrics.batch_started(id(self._messages[0]), len(self._messages))
         try:
             await self._append_queued()
         finally:
-            if clocks.get(first) is clock:  # (the same Message in two batches: the later's)
-                del clocks[first]
-            ended = perf_counter()
-            metrics.append_seconds.observe(ended - started, count)
-            if clock.serializations == 1:
-                ack = ended - clock.acked_at
-                chain = ended - started - clock.encode - clock.commit - ack
-                metrics.ack_seconds.observe(ack)
-                metrics.chain_seconds.observe(max(chain, 0.0))
+            metrics.batch_ended(flight)
 
     async def drain(self) -> None:
         """Wait until every batch, the queued one included, has been appended (or

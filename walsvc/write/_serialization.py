@@ -188,7 +188,7 @@ class SerializationPoint:
             self._count_failure(exc)
             raise
         if metrics is not None:
-            _count_batch(metrics, started, encoded, 1, id(message))
+            metrics.serialized(started, encoded, 1, id(message))
         return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
 
     def serialize_now(self, message: Message) -> AppendResult:
@@ -206,7 +206,7 @@ class SerializationPoint:
         except Exception as exc:
             raise self._outcome_unknown(exc) from exc
         if metrics is not None:
-            _count_batch(metrics, started, encoded, 1, id(message))
+            metrics.serialized(started, encoded, 1, id(message))
         cache = self.cache
         slot = cache.reserve(1) if cache is not None else -1
         return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
@@ -317,7 +317,7 @@ class SerializationPoint:
             self._count_failure(exc)
             raise
         if metrics is not None:
-            _count_batch(metrics, started, encoded, count, id(messages[0]))
+            metrics.serialized(started, encoded, count, id(messages[0]))
         self.last_acked = ids[-1]
         self.last_acked_tick = ticks[-1]
         if len(ids) != count:
@@ -368,22 +368,3 @@ class SerializationPoint:
             f"appending to {self._backend.pchannel!r} failed after the record(s) were handed to the"
             f" backend ({exc!r}); they may or may not be in the log"
         )
-
-
-def _count_batch(
-    metrics: WALMetrics, started: float, encoded: float, count: int, first: int
-) -> None:
-    """Count ``count`` messages made durable in one backend call, encoded from
-    ``started`` to ``encoded`` and acknowledged now; tell the coalescer of the batch
-    whose first message's ``id`` is ``first``, if one times it."""
-    acked = perf_counter()
-    metrics.append_messages += count
-    metrics.append_batches.observe(count)
-    metrics.encode_seconds.observe(encoded - started)
-    metrics.stage_commit_seconds.observe(acked - encoded)
-    clock = metrics.clocks.get(first)
-    if clock is not None:  # a coalesced batch: its coalescer splits the rest of its time
-        clock.encode += encoded - started
-        clock.commit += acked - encoded
-        clock.acked_at = acked
-        clock.serializations += 1

@@ -378,11 +378,7 @@ class GroupCommitWriter:
         self._in_flight = False
         metrics = self.metrics
         if metrics is not None and error is None:
-            metrics.commit_seconds.observe(time.perf_counter() - started)
-            metrics.commit_records.observe(count)
-            metrics.written_bytes += size
-            if self._segment != segment_before:
-                metrics.segment_rollovers += 1
+            metrics.committed(started, count, size, self._segment != segment_before)
         if error is None:
             index = self._directory.index
             index.note(
