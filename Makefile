@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The compiled modules' sources (and the header two of them share): the editable install
 # compiles them in place.
-C_SOURCES := walsvc/core/_speedups.c walsvc/core/_cmetrics.c \
+C_SOURCES := walsvc/core/_speedups.c walsvc/core/_cmetrics.c interceptors/_cshards.c \
 	walsvc/backends/_kafka/_cbatches.c walsvc/backends/_file/_ccommit.c \
 	walsvc/service/_cwire.c walsvc/remote/_cclient.c walsvc/_cmsgpack.h
 
@@ -81,7 +81,7 @@ bench-report: $(VENV)/.test-stamp
 
 clean:
 	rm -rf $(VENV) .asv site build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
-	rm -f walsvc/core/_speedups.*.so walsvc/core/_cmetrics.*.so \
+	rm -f walsvc/core/_speedups.*.so walsvc/core/_cmetrics.*.so interceptors/_cshards.*.so \
 		walsvc/backends/_kafka/_cbatches.*.so walsvc/backends/_file/_ccommit.*.so \
 		walsvc/service/_cwire.*.so walsvc/remote/_cclient.*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,13 +1,15 @@
 """The dedup window: which keys are known, what each holds, and the order they leave in.
 
-``Window`` is the bookkeeping under ``Dedup``: a dict from window key to slot (a settled
+``Window`` is the bookkeeping under ``Dedup``: a table from window key to slot (a settled
 message key's ``AppendResult``, or an ``Entry``: in flight, blocked, or a settled
 transaction key), the keys in the order they were claimed (or read, on open), the
 stale entries of that order (one per release: a released key may be claimed again), and
 the keys a retry waits on (held: eviction stops at them). ``evict`` drops the oldest
 settled keys beyond ``max_keys`` or older than ``age_ticks``; it never drops a key in
 flight or held. Nothing here awaits: ``Dedup`` decides who claims, settles and releases,
-and this keeps the window true to it.
+and this keeps the window true to it. The table is a ``ShardedDict`` (``_shards``): a
+dict in shards, so that a rebuild under churn holds the loop for one shard, not the
+window.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any, final
 
 from walsvc.core._ids import MessageId
 from walsvc.core._message import AppendResult, ImmutableMessage, MessageType
+
+from ._shards import ShardedDict, Table
 
 __all__ = (
     "Entry",
@@ -74,7 +78,7 @@ class Window:
         #: The newest tick of the WAL (set when ``Dedup`` binds): eviction by age
         #: measures from it.
         self.last_tick: Callable[[], int] = lambda: 0
-        self.slots: dict[Key, Slot] = {}
+        self.slots: Table[Key, Slot] = ShardedDict()
         # The keys in the order they were claimed (or read, on open), the oldest first, and
         # how many entries of each key there are stale: one per release (a released key
         # may be claimed again later; its older entries come first).
