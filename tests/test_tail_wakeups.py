@@ -61,6 +61,15 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _started(scanner: Scanner) -> None:
+    """Once ``scanner`` chose where it starts (a subscription: at its first read)."""
+    for _ in range(5000):
+        if scanner.stats().source != "not started":
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the scanner did not start")
+
+
 async def _flushed_checkpoint(scanner: Scanner, above: int) -> Checkpoint:
     """The subscription's checkpoint once it is above ``above`` (the scanner handles what
     it was woken for on its own task; a file store writes in a thread)."""
@@ -142,6 +151,10 @@ async def test_a_subscription_waits_for_an_idle_tick_only_while_one_would_move_i
         context = sync._context
         async with wal.read(DeliverPolicy.latest(), subscription="s") as scanner:
             first = asyncio.ensure_future(anext(scanner))
+            # The subscription starts at its first read, once its store answered (on
+            # file://, from a thread): only from then on is "latest" a position. An append
+            # before it would be behind the start, and the read would wait for ever.
+            await _started(scanner)
             await _settle()
             sent = await wal.append(data(b"x"))
             clock.ms += 10

@@ -409,7 +409,7 @@ recorder_batch_started(AppendRecorder *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     Py_uintptr_t first = (Py_uintptr_t)PyLong_AsVoidPtr(args[0]);
-    if (PyErr_Occurred()) {
+    if (first == 0 && PyErr_Occurred()) {
         return NULL;
     }
     if (first == 0) {
@@ -490,12 +490,14 @@ recorder_serialized(AppendRecorder *self, PyObject *const *args, Py_ssize_t narg
         || !recorder_ready(self)) {
         return NULL;
     }
-    double started = PyFloat_AsDouble(args[0]);
-    double encoded = PyFloat_AsDouble(args[1]);
-    long long count = PyLong_AsLongLong(args[2]);
-    Py_uintptr_t first = (Py_uintptr_t)PyLong_AsVoidPtr(args[3]);
-    double acked;
-    if (PyErr_Occurred() || read_clock(&acked) < 0) {
+    double started, encoded, acked;
+    long long count;
+    Py_uintptr_t first;
+    if (((started = PyFloat_AsDouble(args[0])) == -1.0 && PyErr_Occurred())
+        || ((encoded = PyFloat_AsDouble(args[1])) == -1.0 && PyErr_Occurred())
+        || ((count = PyLong_AsLongLong(args[2])) == -1 && PyErr_Occurred())
+        || ((first = (Py_uintptr_t)PyLong_AsVoidPtr(args[3])) == 0 && PyErr_Occurred())
+        || read_clock(&acked) < 0) {
         return NULL;
     }
     self->append_messages += count;
@@ -522,12 +524,14 @@ recorder_committed(AppendRecorder *self, PyObject *const *args, Py_ssize_t nargs
         || !recorder_ready(self)) {
         return NULL;
     }
-    double started = PyFloat_AsDouble(args[0]);
-    long long records = PyLong_AsLongLong(args[1]);
-    long long size = PyLong_AsLongLong(args[2]);
-    int rolled_over = PyObject_IsTrue(args[3]);
-    double now;
-    if (PyErr_Occurred() || rolled_over < 0 || read_clock(&now) < 0) {
+    double started, now;
+    long long records, size;
+    int rolled_over;
+    if (((started = PyFloat_AsDouble(args[0])) == -1.0 && PyErr_Occurred())
+        || ((records = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred())
+        || ((size = PyLong_AsLongLong(args[2])) == -1 && PyErr_Occurred())
+        || (rolled_over = PyObject_IsTrue(args[3])) < 0
+        || read_clock(&now) < 0) {
         return NULL;
     }
     observe(self->commit_seconds, now - started, 1);

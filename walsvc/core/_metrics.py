@@ -122,8 +122,8 @@ class PyAppendRecorder:
 
     Each reads the clock itself (``time.perf_counter``; ``now``). ``AppendRecorder`` is
     this class compiled where walsvc was built with a C compiler (``_cmetrics.c``): one
-    C call per site and batch, where this one costs about 1 us a call inside a busy
-    append loop."""
+    C call per site and batch; this one's ``serialized`` took 1.6 us a call inside a busy
+    64-producer append (the compiled one 0.55 us)."""
 
     __slots__ = (
         "_flights",
