@@ -143,14 +143,23 @@ sharded_contains(ShardedDict *self, PyObject *key)
     return shard == NULL ? -1 : PyDict_Contains(shard, key);
 }
 
+/* The shard of a method's key (args[0]) for a call of 1 or 2 arguments, borrowed; NULL
+ * with an error set (TypeError naming `signature`, or an unhashable key). */
+static PyObject *
+shard_of_call(ShardedDict *self, PyObject *const *args, Py_ssize_t nargs,
+              const char *signature)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, signature);
+        return NULL;
+    }
+    return shard_of(self, args[0]);
+}
+
 static PyObject *
 sharded_get(ShardedDict *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
-        return NULL;
-    }
-    PyObject *shard = shard_of(self, args[0]);
+    PyObject *shard = shard_of_call(self, args, nargs, "get(key, default=None)");
     if (shard == NULL) {
         return NULL;
     }
@@ -167,11 +176,7 @@ sharded_get(ShardedDict *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 sharded_setdefault(ShardedDict *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "setdefault(key, default=None)");
-        return NULL;
-    }
-    PyObject *shard = shard_of(self, args[0]);
+    PyObject *shard = shard_of_call(self, args, nargs, "setdefault(key, default=None)");
     if (shard == NULL) {
         return NULL;
     }
@@ -184,11 +189,7 @@ sharded_setdefault(ShardedDict *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 sharded_pop(ShardedDict *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "pop(key[, default])");
-        return NULL;
-    }
-    PyObject *shard = shard_of(self, args[0]);
+    PyObject *shard = shard_of_call(self, args, nargs, "pop(key[, default])");
     if (shard == NULL) {
         return NULL;
     }
