@@ -1,7 +1,7 @@
 """The dedup window's table (``interceptors._shards.ShardedDict``): it answers every
 operation the window uses as a dict does, and no shard holds much more than its share,
-which is what bounds how long one rebuild of it holds the loop (5.9 ms for a one-dict
-window of 100k keys, 53 ms for a million; 1.0 and 2.3 ms sharded: measured, see
+which is what bounds how long one rebuild of it holds the loop (the longest stall with a
+window of 100k keys: 4.8-5.9 ms as one dict, 0.5-1.0 ms sharded; see
 ``benchmarks/bench_dedup_stall.py``)."""
 
 from __future__ import annotations
