@@ -3,6 +3,7 @@
 - Every async test runs twice, on the stock asyncio loop and on uvloop.
 - A skipped test fails the session: a test that cannot run (a broker that won't start, a
   missing extra) must say so loudly. Known deviations are strict ``xfail``s, not skips.
+- An async test that runs past ``TEST_DEADLINE`` fails (it never hangs the run).
 - Randomness comes from the ``seed`` fixture, which prints how to reproduce a failure.
 - ``clock`` (an injected wall clock) and ``url`` (memory and file) serve the interceptor
   tests.
@@ -14,12 +15,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import uvloop  # Required in the test environment: without it the loop matrix is a lie.
@@ -53,6 +56,32 @@ def pytest_asyncio_loop_factories(
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Parametrize every async test (and its async fixtures) over both event loops."""
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+# ---------------------------------------------------------------------------------------
+# No endless test
+
+#: The longest an async test may run. A test that waits for ever (a race that lost a
+#: wake-up, an answer that never comes) fails at its await with ``TimeoutError`` instead of
+#: hanging the run: a clean-clone run once hung for good in such a test. The slowest test
+#: takes well under a minute.
+TEST_DEADLINE = 300.0
+
+
+def _with_deadline(test: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(test)
+    async def bounded(*args: Any, **kwargs: Any) -> Any:
+        async with asyncio.timeout(TEST_DEADLINE):
+            return await test(*args, **kwargs)
+
+    return bounded
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run every async test under ``TEST_DEADLINE``."""
+    for item in items:
+        if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
+            item.obj = _with_deadline(item.obj)
 
 
 # ---------------------------------------------------------------------------------------
