@@ -22,7 +22,9 @@ default 10: reaching the broker and creating the producer); ``operation_timeout`
 producer's batching); ``close_timeout`` (seconds, default 5): how long ``aclose`` (or the
 close ``begin_close`` starts) lets queued appends finish, after which the group in
 flight fails with ``AppendOutcomeUnknown`` and the rest with ``WALClosed``; readers,
-producer and client then close within about two seconds more. ``aclose`` never raises.
+producer and client then close within about two seconds more (three while a reader or
+consumer is still being created: the client waits for it, see ``_creations``).
+``aclose`` never raises.
 
 Truncation is not supported (pulsar-client has no admin API, and Pulsar Lite serves none):
 ``truncate`` raises ``InvalidArgument`` without changing the log.
@@ -44,7 +46,15 @@ from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALClosed, 
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 
-from ._client import PULSAR_ERRORS, Options, call_async, connect, parse_options, translate
+from ._client import (
+    PULSAR_ERRORS,
+    Client,
+    Options,
+    call_async,
+    connect,
+    parse_options,
+    translate,
+)
 from ._ids import PulsarMessageId
 from ._log import STOP_WITHIN, TailTracker, close_quietly
 from ._records import BARRIER, term_of_barrier
@@ -65,7 +75,7 @@ class PulsarBackend(Backend):
 
     def __init__(
         self,
-        client: pulsar_asyncio.Client,
+        client: Client,
         location: str,
         topic: str,
         pchannel: str,
@@ -208,7 +218,7 @@ class PulsarBackend(Backend):
             self._writer.begin_close(self.options.close_timeout)
 
     async def aclose(self) -> None:
-        """Close within ``close_timeout`` plus about two seconds (see the options): queued
+        """Close within ``close_timeout`` plus about three seconds (see the options): queued
         appends finish or fail, scanners end with ``WALClosed``, the producer and client
         close. Never raises. Idempotent."""
         if self._closed:
@@ -272,11 +282,11 @@ async def _why_unreachable(location: str) -> str:
     return "it accepts TCP connections but did not answer the Pulsar look-up"
 
 
-async def _look_up(client: pulsar_asyncio.Client, topic: str, location: str) -> None:
+async def _look_up(client: Client, topic: str, location: str) -> None:
     """Reach the broker, and refuse a partitioned topic (``InvalidArgument``): a pchannel
     is one totally ordered log."""
     try:
-        partitions = await client.get_topic_partitions(topic)
+        partitions = await client.creations.make(client.pulsar.get_topic_partitions(topic))
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot look up {topic} at pulsar://{location}") from exc
     if len(partitions) > 1:
@@ -286,20 +296,19 @@ async def _look_up(client: pulsar_asyncio.Client, topic: str, location: str) -> 
         )
 
 
-async def _create_producer(
-    client: pulsar_asyncio.Client, topic: str, options: Options
-) -> pulsar_asyncio.Producer:
+async def _create_producer(client: Client, topic: str, options: Options) -> pulsar_asyncio.Producer:
+    creating = client.pulsar.create_producer(
+        topic,
+        send_timeout_millis=max(1, int(options.operation_timeout * 1000)),
+        batching_enabled=True,
+        batching_max_messages=options.batching_max_messages,
+        batching_max_publish_delay_ms=options.batching_max_publish_delay_ms,
+        max_pending_messages=100_000,
+        block_if_queue_full=False,
+        access_mode=pulsar_asyncio.ProducerAccessMode.ExclusiveWithFencing,
+    )
     try:
-        return await client.create_producer(
-            topic,
-            send_timeout_millis=max(1, int(options.operation_timeout * 1000)),
-            batching_enabled=True,
-            batching_max_messages=options.batching_max_messages,
-            batching_max_publish_delay_ms=options.batching_max_publish_delay_ms,
-            max_pending_messages=100_000,
-            block_if_queue_full=False,
-            access_mode=pulsar_asyncio.ProducerAccessMode.ExclusiveWithFencing,
-        )
+        return await client.creations.make(creating, _close_producer)
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a producer for {topic}") from exc
 
@@ -318,14 +327,20 @@ async def _send_barrier(producer: pulsar_asyncio.Producer) -> PulsarMessageId:
         raise translate(exc, "cannot append the writer's barrier") from exc
 
 
-async def _close_client(client: pulsar_asyncio.Client) -> None:
-    """Close the client within ``STOP_WITHIN``, else shut it down (its connections and
-    threads end without a word to the broker)."""
+async def _close_producer(producer: pulsar_asyncio.Producer) -> None:
+    await producer.close()
+
+
+async def _close_client(client: Client) -> None:
+    """Close the client once the creations in flight on it ended (``STOP_WITHIN`` at
+    most), within ``STOP_WITHIN``, else shut it down (its connections and threads end
+    without a word to the broker)."""
+    await client.creations.aclose(STOP_WITHIN)
     try:
         async with asyncio.timeout(STOP_WITHIN):
-            await client.close()
+            await client.pulsar.close()
     except (TimeoutError, *PULSAR_ERRORS):
         try:
-            client.shutdown()
+            client.pulsar.shutdown()
         except PULSAR_ERRORS:
             pass

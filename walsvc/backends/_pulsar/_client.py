@@ -31,12 +31,14 @@ from walsvc.core._errors import (
     WALFenced,
 )
 
+from ._creations import Creations
 from ._ids import PulsarMessageId
 
 __all__ = (
     "LOG_ENV",
     "LOG_LEVEL_ENV",
     "PULSAR_ERRORS",
+    "Client",
     "Options",
     "call_async",
     "client_logger",
@@ -174,11 +176,32 @@ def service_url(location: str) -> str:
     return f"pulsar://{location}"
 
 
-def connect(location: str, options: Options) -> pulsar_asyncio.Client:
+@final
+class Client:
+    """A walsvc client of one Pulsar service: pulsar.asyncio's client (``pulsar``) and
+    the creations in flight on it (``creations``). Every reader, consumer and producer
+    walsvc makes on it is made through ``creations.make``, and ``creations.aclose`` is
+    awaited before the client closes (see ``_creations``: a close that overtakes a
+    creation leaks it, with native threads)."""
+
+    __slots__ = ("creations", "pulsar")
+
+    def __init__(self, client: pulsar_asyncio.Client, url: str) -> None:
+        self.pulsar = client
+        self.creations = Creations(f"the Pulsar client of {url}")
+
+    @property
+    def raw(self) -> Any:
+        """The C++ client (``_pulsar.Client``), for the callback-style ``*_async`` calls
+        (see ``call_async``)."""
+        return self.pulsar._client
+
+
+def connect(location: str, options: Options) -> Client:
     """A client for ``location`` (connects lazily, on the first producer or reader)."""
     url = service_url(location)
     try:
-        return pulsar_asyncio.Client(
+        client = pulsar_asyncio.Client(
             url,
             operation_timeout_seconds=max(1, math.ceil(options.operation_timeout)),
             connection_timeout_ms=max(1, int(options.connect_timeout * 1000)),
@@ -186,6 +209,7 @@ def connect(location: str, options: Options) -> pulsar_asyncio.Client:
         )
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a Pulsar client for {url}") from exc
+    return Client(client, url)
 
 
 @atexit.register

@@ -22,7 +22,7 @@ from pulsar import _pulsar
 
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed
 
-from ._client import PULSAR_ERRORS, call_async, pulsar_id, translate
+from ._client import PULSAR_ERRORS, Client, call_async, pulsar_id, translate
 from ._ids import PulsarMessageId
 from ._reader import BATCH, OrderedReader
 from ._records import ChainValidator, Link, foreign, parse
@@ -51,7 +51,7 @@ LATEST: Final = "latest"
 
 
 async def create_reader(
-    client: pulsar_asyncio.Client,
+    client: Client,
     topic: str,
     start: PulsarMessageId | str,
     *,
@@ -76,17 +76,22 @@ async def create_reader(
     conf.read_compacted(compacted)
     conf.start_message_id_inclusive(inclusive)
     conf.crypto_failure_action(pulsar.ConsumerCryptoFailureAction.FAIL)
-    raw = client._client
+    raw = client.raw
     if isinstance(start_id, pulsar.MessageId):  # earliest and latest are the C++ ids
         start_id = start_id._msg_id
+
+    async def create() -> OrderedReader:
+        made = await call_async(lambda done: raw.create_reader_async(topic, start_id, conf, done))
+        schema.attach_client(raw)
+        return OrderedReader(pulsar_asyncio.Reader(made, schema), start=start, inclusive=inclusive)
+
+    async def dispose(reader: OrderedReader) -> None:
+        await reader.close()
+
     try:
-        created = await call_async(
-            lambda done: raw.create_reader_async(topic, start_id, conf, done)
-        )
+        return await client.creations.make(create(), dispose)
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a reader of {topic}") from exc
-    schema.attach_client(raw)
-    return OrderedReader(pulsar_asyncio.Reader(created, schema), start=start, inclusive=inclusive)
 
 
 def behind(reader: OrderedReader, end: PulsarMessageId | None) -> bool:
@@ -108,9 +113,7 @@ def behind(reader: OrderedReader, end: PulsarMessageId | None) -> bool:
     return position < end
 
 
-async def reopen(
-    client: pulsar_asyncio.Client, reader: OrderedReader, close_within: float
-) -> OrderedReader:
+async def reopen(client: Client, reader: OrderedReader, close_within: float) -> OrderedReader:
     """Close ``reader`` (waiting ``close_within`` seconds at most) and create one that
     resumes right after the last message it delivered, or where it was created if it
     delivered none."""
@@ -161,9 +164,7 @@ async def close_quietly(resource: Any, seconds: float) -> None:
         pass
 
 
-async def last_entry(
-    client: pulsar_asyncio.Client, topic: str, close_within: float
-) -> PulsarMessageId | None:
+async def last_entry(client: Client, topic: str, close_within: float) -> PulsarMessageId | None:
     """The id of the topic's last entry, with batch index -1 (so every message of that
     entry compares at or above it); None if the topic is empty. The caller bounds the
     lookup; closing its consumer afterwards waits ``close_within`` seconds at most.
@@ -173,13 +174,14 @@ async def last_entry(
     stray ``walsvc-tail-*`` subscription behind. (Pulsar Lite does not serve a reader at
     ``latest`` inclusive, the subscription-free way.)
     """
+    subscribing = client.pulsar.subscribe(
+        topic,
+        f"walsvc-tail-{uuid.uuid4().hex}",
+        consumer_type=pulsar.ConsumerType.Exclusive,
+        receiver_queue_size=1,
+    )
     try:
-        consumer = await client.subscribe(
-            topic,
-            f"walsvc-tail-{uuid.uuid4().hex}",
-            consumer_type=pulsar.ConsumerType.Exclusive,
-            receiver_queue_size=1,
-        )
+        consumer = await client.creations.make(subscribing, _drop_subscription)
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot look up the tail of {topic}") from exc
     try:
@@ -198,6 +200,15 @@ async def last_entry(
     return PulsarMessageId(last.ledger_id(), last.entry_id())
 
 
+async def _drop_subscription(consumer: pulsar_asyncio.Consumer) -> None:
+    """Unsubscribe and close the consumer of a ``last_entry`` whose caller was cancelled
+    (a durable subscription left behind would hold the topic's entries back)."""
+    try:
+        await consumer.unsubscribe()
+    finally:
+        await consumer.close()
+
+
 @final
 class ForwardRead:
     """Reads a topic forward from a position to its end as a caller knows it.
@@ -211,9 +222,7 @@ class ForwardRead:
     the last message read. ``run`` has no deadline of its own: the caller bounds it.
     """
 
-    def __init__(
-        self, client: pulsar_asyncio.Client, topic: str, timeout: float, stall: float = STALL
-    ) -> None:
+    def __init__(self, client: Client, topic: str, timeout: float, stall: float = STALL) -> None:
         self._client = client
         self._topic = topic
         self._timeout = timeout
@@ -266,7 +275,7 @@ class TailTracker:
     by reading the log forward from where the previous refresh stopped (the first
     refresh: from the last window of entries holding a valid data message)."""
 
-    def __init__(self, client: pulsar_asyncio.Client, topic: str, timeout: float) -> None:
+    def __init__(self, client: Client, topic: str, timeout: float) -> None:
         self._client = client
         self._topic = topic
         self._timeout = timeout

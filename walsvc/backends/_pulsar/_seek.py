@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import BackendUnavailable
 
+from ._client import Client
 from ._ids import PulsarMessageId
 from ._log import ForwardRead, last_entry
 from ._records import ChainValidator, Link
-
-if TYPE_CHECKING:
-    import pulsar.asyncio as pulsar_asyncio
 
 __all__ = ("start_at_timetick",)
 
@@ -46,7 +44,7 @@ _PROBE_STALL = 1.0
 
 
 async def start_at_timetick(
-    client: pulsar_asyncio.Client, topic: str, operation_timeout: float, timetick: int
+    client: Client, topic: str, operation_timeout: float, timetick: int
 ) -> DeliverPolicy:
     """A deliver policy whose read includes every valid message of ``topic`` with a
     timetick at or above ``timetick`` (see the module docstring). Each step is bounded

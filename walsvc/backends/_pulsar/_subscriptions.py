@@ -52,7 +52,7 @@ from walsvc.backends._subscriptions import (
 )
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 
-from ._client import PULSAR_ERRORS, Options, translate
+from ._client import PULSAR_ERRORS, Client, Options, translate
 from ._ids import PulsarMessageId
 from ._log import EARLIEST, STALL, STOP_WITHIN, close_quietly, create_reader, last_entry
 
@@ -92,9 +92,7 @@ class PulsarSubscriptionStore(SubscriptionStore):
         "topic",
     )
 
-    def __init__(
-        self, client: pulsar_asyncio.Client, location: str, options: Options, pchannel: str
-    ) -> None:
+    def __init__(self, client: Client, location: str, options: Options, pchannel: str) -> None:
         #: The topic holding the checkpoints.
         self.topic = subscriptions_topic(options, pchannel)
         super().__init__(("pulsar", location, self.topic))
@@ -165,11 +163,12 @@ class PulsarSubscriptionStore(SubscriptionStore):
 
     async def _started_producer(self) -> pulsar_asyncio.Producer:
         if self._producer is None:
-            self._producer = await self._client.create_producer(
+            creating = self._client.pulsar.create_producer(
                 self.topic,
                 send_timeout_millis=max(1, int(self._timeout * 1000)),
                 batching_enabled=False,
             )
+            self._producer = await self._client.creations.make(creating, _close_producer)
         return self._producer
 
     # -- reading ------------------------------------------------------------------------
@@ -239,3 +238,7 @@ class PulsarSubscriptionStore(SubscriptionStore):
     def _check_open(self) -> None:
         if self._closed:
             raise WALClosed(f"the subscriptions in {self.topic} are closed")
+
+
+async def _close_producer(producer: pulsar_asyncio.Producer) -> None:
+    await producer.close()

@@ -61,7 +61,7 @@ from walsvc.core._errors import (
     WALFenced,
 )
 
-from ._client import PULSAR_ERRORS
+from ._client import PULSAR_ERRORS, Client
 from ._ids import PulsarMessageId
 from ._log import ForwardRead, last_entry
 from ._records import ChainValidator, Link, term_of_barrier
@@ -84,7 +84,7 @@ class GroupWriter:
 
     def __init__(
         self,
-        client: pulsar_asyncio.Client,
+        client: Client,
         producer: pulsar_asyncio.Producer,
         topic: str,
         term: int,
