@@ -81,6 +81,7 @@ class Holder:
                     await old.aclose()
                 except walsvc.WALError as exc:
                     say("ERR", type(exc).__name__)
+                check_batches_ended(old)
             await asyncio.sleep(0.02)
             await self.open()
             self.generation += 1
@@ -171,6 +172,16 @@ async def main(url: str, round_: int, seed: int, retry: list[list[str]]) -> None
     say("DONE")
     if holder.wal is not None:
         await holder.wal.aclose()
+        check_batches_ended(holder.wal)
+
+
+def check_batches_ended(wal: walsvc.WAL) -> None:
+    """A closed WAL's metrics hold no batch in flight: every batch its coalescers
+    started ended, on the failure paths too (cancellations, deadlines, full disks). Said
+    as an error that is no ``WALError``, which fails the schedule's check of errors."""
+    metrics = getattr(wal, "_metrics", None)
+    if metrics is not None and metrics.batches_in_flight():
+        say("ERR", f"MetricsBatchesLeftInFlight:{metrics.batches_in_flight()}")
 
 
 async def scrape_while_appending(registry: prometheus_client.CollectorRegistry) -> None:

@@ -18,7 +18,9 @@ the schedule picks some of:
 After every round: every acknowledged key is in the log exactly once, at the id every
 acknowledgement of it named; no key is in the log twice (in flight when killed included);
 each id holds one message; every committed transaction is delivered exactly once with
-its bodies; every error an append raised was a ``walsvc.WALError``.
+its bodies; every error an append raised was a ``walsvc.WALError``; and in the rounds
+that record metrics, every WAL the child closed holds no coalesced batch in flight (its
+child says otherwise as an error that is no ``WALError``).
 
 ``WALSVC_SOAK=N`` runs N times as many rounds (``make soak``).
 """
