@@ -35,11 +35,16 @@ import walsvc
 
 __all__ = ("broker",)
 
-#: Registered before walsvc makes its first client, so it runs after walsvc's own exit
-#: hook (atexit runs hooks last-in first-out): it reports the pulsar-client objects
-#: still alive then.
+#: Every script's start: ``native_threads()`` (the process's threads that are not
+#: Python's, after a collection), and a report registered before walsvc makes its first
+#: client, so that it runs after walsvc's own exit hook (atexit runs hooks last-in
+#: first-out): the pulsar-client objects still alive then.
 _CHECK_AT_EXIT = """
-    import atexit, gc, sys
+    import atexit, gc, os, sys, threading
+
+    def native_threads():
+        gc.collect()
+        return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
 
     def report():
         import pulsar.asyncio
@@ -89,12 +94,8 @@ def test_closed_wals_leave_no_native_thread_behind(broker: PulsarLite) -> None:
     read and closed: the process then runs no thread but its Python ones."""
     result = _run(
         """
-        import asyncio, gc, os, threading, walsvc
+        import asyncio, walsvc
         from walsvc import DeliverPolicy, Message
-
-        def native_threads():
-            gc.collect()
-            return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
 
         async def main(pchannel):
             async with await walsvc.open_wal(sys.argv[1], pchannel) as wal:
@@ -121,12 +122,8 @@ def test_reads_cancelled_at_random_points_leave_no_native_thread_behind(
     order."""
     result = _run(
         """
-        import asyncio, gc, os, random, threading, walsvc
+        import asyncio, random, walsvc
         from walsvc import DeliverPolicy, Message
-
-        def native_threads():
-            gc.collect()
-            return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
 
         async def read_some(wal):
             async with wal.read(DeliverPolicy.all()) as scanner:
@@ -170,12 +167,8 @@ def test_wals_closed_while_a_read_is_being_created_leave_nothing_behind(
     left one thread and six descriptors each."""
     result = _run(
         """
-        import asyncio, gc, os, random, threading, walsvc
+        import asyncio, random, walsvc
         from walsvc import DeliverPolicy, Message
-
-        def native_threads():
-            gc.collect()
-            return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
 
         def io_descriptors():
             kinds = []
