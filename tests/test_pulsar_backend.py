@@ -30,6 +30,7 @@ from _pulsar_lite import (
 from pulsar import _pulsar
 
 import walsvc
+import walsvc.backends._pulsar._backend as pulsar_backend
 import walsvc.backends._pulsar._log
 import walsvc.backends._pulsar._writer
 from walsvc import DeliverPolicy, Filter, Message
@@ -614,10 +615,10 @@ async def test_a_partitioned_topic_is_refused(
     is stubbed: a topic reported with two partitions is refused with a clear error."""
     pchannel = f"parted-{uuid.uuid4().hex[:8]}"
 
-    async def two_partitions(self: Any, topic: str) -> list[str]:
+    async def two_partitions(client: Any, topic: str) -> list[str]:
         return [f"{topic}-partition-0", f"{topic}-partition-1"]
 
-    monkeypatch.setattr(pulsar_asyncio.Client, "get_topic_partitions", two_partitions)
+    monkeypatch.setattr(pulsar_backend, "topic_partitions", two_partitions)
     with pytest.raises(walsvc.InvalidArgument, match="has 2 partitions"):
         await walsvc.open_wal(broker.url, pchannel)
     monkeypatch.undo()

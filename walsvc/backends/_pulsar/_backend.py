@@ -46,6 +46,7 @@ from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALClosed, 
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 
+from ._calls import close, close_client, create_producer, topic_partitions
 from ._client import (
     PULSAR_ERRORS,
     Client,
@@ -286,7 +287,7 @@ async def _look_up(client: Client, topic: str, location: str) -> None:
     """Reach the broker, and refuse a partitioned topic (``InvalidArgument``): a pchannel
     is one totally ordered log."""
     try:
-        partitions = await client.creations.make(client.pulsar.get_topic_partitions(topic))
+        partitions = await client.creations.make(topic_partitions(client, topic))
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot look up {topic} at pulsar://{location}") from exc
     if len(partitions) > 1:
@@ -297,7 +298,8 @@ async def _look_up(client: Client, topic: str, location: str) -> None:
 
 
 async def _create_producer(client: Client, topic: str, options: Options) -> pulsar_asyncio.Producer:
-    creating = client.pulsar.create_producer(
+    creating = create_producer(
+        client,
         topic,
         send_timeout_millis=max(1, int(options.operation_timeout * 1000)),
         batching_enabled=True,
@@ -308,7 +310,7 @@ async def _create_producer(client: Client, topic: str, options: Options) -> puls
         access_mode=pulsar_asyncio.ProducerAccessMode.ExclusiveWithFencing,
     )
     try:
-        return await client.creations.make(creating, _close_producer)
+        return await client.creations.make(creating, close)
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a producer for {topic}") from exc
 
@@ -327,10 +329,6 @@ async def _send_barrier(producer: pulsar_asyncio.Producer) -> PulsarMessageId:
         raise translate(exc, "cannot append the writer's barrier") from exc
 
 
-async def _close_producer(producer: pulsar_asyncio.Producer) -> None:
-    await producer.close()
-
-
 async def _close_client(client: Client) -> None:
     """Close the client once the creations in flight on it ended (``STOP_WITHIN`` at
     most), within ``STOP_WITHIN``, else shut it down (its connections and threads end
@@ -338,7 +336,7 @@ async def _close_client(client: Client) -> None:
     await client.creations.aclose(STOP_WITHIN)
     try:
         async with asyncio.timeout(STOP_WITHIN):
-            await client.pulsar.close()
+            await close_client(client)
     except (TimeoutError, *PULSAR_ERRORS):
         try:
             client.pulsar.shutdown()

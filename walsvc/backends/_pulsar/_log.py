@@ -22,6 +22,7 @@ from pulsar import _pulsar
 
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed
 
+from ._calls import NATIVE, Resource, close, last_message_id, subscribe, unsubscribe
 from ._client import PULSAR_ERRORS, Client, call_async, pulsar_id, translate
 from ._ids import PulsarMessageId
 from ._reader import BATCH, OrderedReader
@@ -153,13 +154,16 @@ def close_bound(seconds: float) -> float:
     return seconds
 
 
-async def close_quietly(resource: Any, seconds: float) -> None:
+async def close_quietly(resource: OrderedReader | Resource, seconds: float) -> None:
     """Close a reader, consumer or producer, ignoring errors; bounded by ``seconds``
     (by ``STOP_WITHIN`` when the caller is being cancelled)."""
     seconds = close_bound(seconds)
     try:
         async with asyncio.timeout(seconds):
-            await resource.close()
+            if isinstance(resource, NATIVE):
+                await close(resource)
+            else:
+                await resource.close()
     except (TimeoutError, *PULSAR_ERRORS):
         pass
 
@@ -174,24 +178,19 @@ async def last_entry(client: Client, topic: str, close_within: float) -> PulsarM
     stray ``walsvc-tail-*`` subscription behind. (Pulsar Lite does not serve a reader at
     ``latest`` inclusive, the subscription-free way.)
     """
-    subscribing = client.pulsar.subscribe(
-        topic,
-        f"walsvc-tail-{uuid.uuid4().hex}",
-        consumer_type=pulsar.ConsumerType.Exclusive,
-        receiver_queue_size=1,
-    )
+    subscribing = subscribe(client, topic, f"walsvc-tail-{uuid.uuid4().hex}", receiver_queue_size=1)
     try:
         consumer = await client.creations.make(subscribing, _drop_subscription)
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot look up the tail of {topic}") from exc
     try:
-        last = await consumer.get_last_message_id()
+        last = await last_message_id(consumer)
     except PULSAR_ERRORS:
         return None  # Pulsar Lite answers UnknownError for a topic with no entry
     finally:
         try:
             async with asyncio.timeout(close_bound(close_within)):
-                await consumer.unsubscribe()
+                await unsubscribe(consumer)
         except (TimeoutError, *PULSAR_ERRORS):
             pass
         await close_quietly(consumer, close_within)
@@ -204,9 +203,9 @@ async def _drop_subscription(consumer: pulsar_asyncio.Consumer) -> None:
     """Unsubscribe and close the consumer of a ``last_entry`` whose caller was cancelled
     (a durable subscription left behind would hold the topic's entries back)."""
     try:
-        await consumer.unsubscribe()
+        await unsubscribe(consumer)
     finally:
-        await consumer.close()
+        await close(consumer)
 
 
 @final

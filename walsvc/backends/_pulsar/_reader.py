@@ -27,7 +27,7 @@ from typing import Any, Final, final
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from ._client import PULSAR_ERRORS, translate
+from ._client import PULSAR_ERRORS, call_async, translate
 from ._ids import PulsarMessageId
 
 __all__ = ("OrderedReader", "redeliveries_dropped")
@@ -173,7 +173,7 @@ class OrderedReader:
         if self._waiting is not None:
             raise RuntimeError("has_message_available while a cancelled read still waits")
         try:
-            return bool(await self._reader.has_message_available())
+            return bool(await call_async(self._raw.has_message_available_async))
         except PULSAR_ERRORS as exc:
             raise translate(exc, f"reading {self.topic()} failed") from exc
 
@@ -200,7 +200,7 @@ class OrderedReader:
         if waiting is not None:
             waiting.add_done_callback(_retrieve)
         try:
-            await self._reader.close()
+            await call_async(self._raw.close_async)
         finally:
             if waiting is not None and not waiting.done():
                 await asyncio.wait((waiting,), timeout=2 * _WAIT_MS / 1000)

@@ -43,6 +43,8 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Final, final
 
+from pulsar import _pulsar
+
 from walsvc.backends._subscriptions import (
     StoredSubscription,
     SubscriptionStore,
@@ -52,7 +54,8 @@ from walsvc.backends._subscriptions import (
 )
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, InvalidArgument, WALClosed
 
-from ._client import PULSAR_ERRORS, Client, Options, translate
+from ._calls import close, create_producer
+from ._client import PULSAR_ERRORS, Client, Options, call_async, translate
 from ._ids import PulsarMessageId
 from ._log import EARLIEST, STALL, STOP_WITHIN, close_quietly, create_reader, last_entry
 
@@ -150,7 +153,7 @@ class PulsarSubscriptionStore(SubscriptionStore):
             try:
                 async with asyncio.timeout(self._timeout):
                     producer = await self._started_producer()
-                    await producer.send(value, properties=properties, partition_key=name)
+                    await _send(producer, value, properties, name)
             except TimeoutError:
                 raise BackendUnavailable(
                     f"writing the checkpoint of subscription {name!r} to {self.topic} took"
@@ -163,12 +166,13 @@ class PulsarSubscriptionStore(SubscriptionStore):
 
     async def _started_producer(self) -> pulsar_asyncio.Producer:
         if self._producer is None:
-            creating = self._client.pulsar.create_producer(
+            creating = create_producer(
+                self._client,
                 self.topic,
                 send_timeout_millis=max(1, int(self._timeout * 1000)),
                 batching_enabled=False,
             )
-            self._producer = await self._client.creations.make(creating, _close_producer)
+            self._producer = await self._client.creations.make(creating, close)
         return self._producer
 
     # -- reading ------------------------------------------------------------------------
@@ -240,5 +244,14 @@ class PulsarSubscriptionStore(SubscriptionStore):
             raise WALClosed(f"the subscriptions in {self.topic} are closed")
 
 
-async def _close_producer(producer: pulsar_asyncio.Producer) -> None:
-    await producer.close()
+async def _send(
+    producer: pulsar_asyncio.Producer, value: bytes, properties: dict[str, str], key: str
+) -> None:
+    """Send one record with ``properties`` and partition key ``key``; return once stored."""
+    builder = _pulsar.MessageBuilder()
+    builder.content(value)
+    for name, text in properties.items():
+        builder.property(name, text)
+    builder.partition_key(key)
+    inner = producer._producer
+    await call_async(lambda done: inner.send_async(builder.build(), done))
