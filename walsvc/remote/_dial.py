@@ -21,6 +21,7 @@ from walsvc.core._errors import (
     WALError,
 )
 
+from ._buffered import open_connection
 from ._frames import FrameWriter, read_frame
 from ._protocol import (
     FRAME_HEADER,
@@ -88,7 +89,7 @@ async def dial(address: NodeAddress, within: float) -> NodeSocket:
     where, tls, versions = address.url, address.tls, address.versions
     try:
         async with asyncio.timeout(within):
-            reader, writer = await asyncio.open_connection(address.host, address.port, ssl=tls)
+            reader, writer = await open_connection(address.host, address.port, ssl=tls)
     except ssl.SSLCertVerificationError as exc:
         raise WALError(
             f"TLS: the node at {where} has a certificate that does not verify: {exc}"

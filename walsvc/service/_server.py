@@ -27,6 +27,7 @@ import msgspec
 
 from walsvc.core._errors import CorruptRecord, InvalidArgument
 from walsvc.core._timetick import HybridClock
+from walsvc.remote._buffered import start_server
 from walsvc.remote._frames import FrameWriter, read_frame
 from walsvc.remote._node_status import NodeLimits, NodeStatus
 from walsvc.remote._protocol import (
@@ -134,7 +135,7 @@ class NodeServer:
 
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port`` (port 0: any free port)."""
-        self._server = await asyncio.start_server(
+        self._server = await start_server(
             self._accept,
             host,
             port,
