@@ -9,13 +9,13 @@ with the window's table as one dict (what walsvc built without a C compiler has)
 baseline.
 
 Figures: the longest stall, ms, with the sharded table (target, as issue 21's: <= 10 ms),
-at the default 100k keys and at a million, measured first in the process; the one-dict
-figures go to stderr. Measured 2026-11-28 on uvloop: 100k keys 0.5-1.0 ms sharded,
-4.8-5.9 ms one dict; a million keys 27-55 ms sharded in some runs and 1.5-3.3 ms in
-others, 51-54 ms one dict. What remains at a million is not the table's rebuilds: the
-stalls come while the window is still growing (at 0.35-0.7M keys), where the cycle
-collector's first passes over young objects took 9 ms and 55 ms (``gc.callbacks``), the
-window's shards among those young objects.
+at the default 100k keys and at a million; the one-dict figures go to stderr. Measured
+2026-11-28 (``main``, every configuration in one process, two runs): 100k keys 1.1-4.2
+ms sharded, 5-12 ms one dict; a million keys 5.7-10.6 ms sharded, 216-240 ms one dict
+(525-583 ms when a collection of young objects fell in its run: it read the window and
+the records of the runs before, which none of the runs had promoted). The 27-55 ms that
+a million keys held the loop before were ``memory://``'s one list of records growing by
+copies of itself, and the runs before's closed WALs, which lived on as reference cycles.
 
 Run alone: ``python -m benchmarks.bench_dedup_stall`` prints the figures.
 """
