@@ -349,6 +349,7 @@ class Dedup:
         finally:
             self._owners.discard(owner)
             owner.set_result(None)
+            entry.drop_owner(owner)
         if not others:
             return outcomes  # the usual batch: every key was new
         answered: list[AppendResult | Exception | None] = []
@@ -400,6 +401,7 @@ class Dedup:
         owner = entry.owner = asyncio.ensure_future(work)
         self._owners.add(owner)
         owner.add_done_callback(self._owners.discard)
+        owner.add_done_callback(entry.drop_owner)
         owner.add_done_callback(_collect)  # its caller may be gone
         return await asyncio.shield(owner)
 

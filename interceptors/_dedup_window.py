@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, final
 
+import msgspec
+
 from walsvc.core._ids import MessageId
 from walsvc.core._message import AppendResult, ImmutableMessage, MessageType
 
@@ -43,20 +45,29 @@ Key = str | tuple[str, str]
 
 
 @final
-class Entry:
+class Entry(msgspec.Struct, gc=False):
     """A key of the window that is not a settled message key: in flight (``owner``
-    running), blocked (``owner`` done without a result: its outcome could not be read), or
-    a settled transaction key (``result``, ``txn``). The keys of one batch share one."""
+    running), blocked (no ``owner``, no ``result``: its outcome could not be read), or a
+    settled transaction key (``result``, ``txn``). The keys of one batch share one.
 
-    __slots__ = ("floor", "owner", "result", "txn")
+    Neither it nor an ``AppendResult`` is tracked by the cycle collector, so the
+    window's table, which holds only them and str keys, is never tracked either: a
+    collection does not read a window of a million keys. In return it must be in no
+    reference cycle: its owner, whose coroutine refers to it, is dropped once done
+    (``drop_owner``)."""
 
-    def __init__(self, floor: MessageId | None, txn: bool) -> None:
-        #: At or before where the keyed messages land: resolution reads from here.
-        self.floor = floor
-        #: True if the key names a transaction (settled by its CommitTxn).
-        self.txn = txn
-        self.result: AppendResult | None = None
-        self.owner: asyncio.Future[Any] | None = None
+    #: At or before where the keyed messages land: resolution reads from here.
+    floor: MessageId | None
+    #: True if the key names a transaction (settled by its CommitTxn).
+    txn: bool
+    result: AppendResult | None = None
+    #: The append that settles the keys, while it runs.
+    owner: asyncio.Future[Any] | None = None
+
+    def drop_owner(self, owner: asyncio.Future[Any]) -> None:
+        """Forget ``owner``, done, unless another owns the keys since."""
+        if self.owner is owner:
+            self.owner = None
 
 
 #: What the window holds per key: a settled message key's result (most keys), or an

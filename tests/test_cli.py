@@ -222,8 +222,11 @@ def test_a_log_that_loses_an_acked_message_fails(
     ) -> _cli._Appended:
         appended = await real_append(wal, workload, progress)
         # Message 100 silently becomes a second copy of message 99.
-        records = _memory._logs[(memory_url.removeprefix("memory://"), "demo-0")].records
+        log = _memory._logs[(memory_url.removeprefix("memory://"), "demo-0")]
+        records = log.records.run(0, len(log.records))
         records[100] = records[99]
+        log.records = _memory._Records()
+        log.records.extend(records)
         return appended
 
     monkeypatch.setattr(_cli, "_append", append_then_lose_one)

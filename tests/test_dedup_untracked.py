@@ -1,0 +1,52 @@
+"""The dedup window is nothing the cycle collector reads: its table holds only str keys,
+``AppendResult``s and ``Entry``s, none of them tracked, so the table is not tracked
+either, and a collection of a window of a million keys does not hold the loop. That
+needs an ``Entry`` in no reference cycle: it drops its owner once the owner is done."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import uuid
+
+import walsvc
+from interceptors import Dedup, default_chain
+from interceptors._dedup_window import Entry
+from walsvc import Message
+
+
+def _tables(slots: object) -> list[dict[object, object]]:
+    """The dicts that hold the window (a ``ShardedDict``'s shards, or one dict)."""
+    if isinstance(slots, dict):
+        return [slots]
+    return [t for t in gc.get_referents(slots) if isinstance(t, dict)]
+
+
+async def test_the_window_table_is_never_tracked_and_entries_drop_their_owners() -> None:
+    dedup = Dedup(max_keys=500)
+    wal = await walsvc.open_wal(
+        f"memory://untracked-{uuid.uuid4().hex[:8]}",
+        "p0",
+        interceptors=lambda: default_chain(dedup=dedup, sync_interval=None),
+    )
+    try:
+        for first in range(0, 1000, 50):  # fills, then churns, the window
+            batch = [
+                Message(payload=b"x", vchannel="v", idempotency_key=f"k{i}")
+                for i in range(first, first + 50)
+            ]
+            await asyncio.gather(wal.append_many(batch), wal.append(batch[0]))
+        async with wal.txn("v", idempotency_key="t1") as txn:
+            await txn.append(Message(payload=b"t", vchannel="v"))
+        await asyncio.sleep(0)  # the owners' done callbacks
+        window = dedup._keys
+        tables = _tables(window.slots)
+        assert tables
+        assert sum(len(t) for t in tables) == len(window)
+        gc.collect()
+        assert not any(gc.is_tracked(t) for t in tables)
+        entries = [s for s in map(window.slots.get, window.order) if isinstance(s, Entry)]
+        assert entries, "the transaction's key is an Entry"
+        assert all(e.owner is None for e in entries)
+    finally:
+        await wal.aclose()
