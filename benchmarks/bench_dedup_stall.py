@@ -10,12 +10,13 @@ baseline.
 
 Figures: the longest stall, ms, with the sharded table (target, as issue 21's: <= 10 ms),
 at the default 100k keys and at a million; the one-dict figures go to stderr. Measured
-2026-11-28 (``main``, every configuration in one process, two runs): 100k keys 1.1-4.2
-ms sharded, 5-12 ms one dict; a million keys 5.7-10.6 ms sharded, 216-240 ms one dict
-(525-583 ms when a collection of young objects fell in its run: it read the window and
-the records of the runs before, which none of the runs had promoted). The 27-55 ms that
-a million keys held the loop before were ``memory://``'s one list of records growing by
-copies of itself, and the runs before's closed WALs, which lived on as reference cycles.
+2026-11-29 (every configuration in one process, three runs): 100k keys 0.7-2.5 ms
+sharded, 5-12 ms one dict; a million keys 3.4-6.7 ms on uvloop and 6.5-12.2 ms on
+asyncio sharded, 216-240 ms one dict (390-583 ms when a collection of young objects fell
+in its run: it read the records of the runs before, which none had promoted). The 27-55
+ms that a million keys held the loop before were ``memory://``'s one list of records
+growing by copies of itself, and the runs before's closed WALs, which lived on as
+reference cycles.
 
 Run alone: ``python -m benchmarks.bench_dedup_stall`` prints the figures.
 """

@@ -9,13 +9,12 @@ settled keys beyond ``max_keys`` or older than ``age_ticks``; it never drops a k
 flight or held. Nothing here awaits: ``Dedup`` decides who claims, settles and releases,
 and this keeps the window true to it. The table is a ``ShardedDict`` (``_shards``): a
 dict in shards, so that a rebuild under churn holds the loop for one shard, not the
-window.
+window; the order is a ``KeyQueue``, which the cycle collector does not read.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, final
 
@@ -24,7 +23,7 @@ import msgspec
 from walsvc.core._ids import MessageId
 from walsvc.core._message import AppendResult, ImmutableMessage, MessageType
 
-from ._shards import ShardedDict, Table
+from ._shards import KeyQueue, Queue, ShardedDict, Table
 
 __all__ = (
     "Entry",
@@ -93,7 +92,7 @@ class Window:
         # The keys in the order they were claimed (or read, on open), the oldest first, and
         # how many entries of each key there are stale: one per release (a released key
         # may be claimed again later; its older entries come first).
-        self.order: deque[Key] = deque()
+        self.order: Queue[Key] = KeyQueue(max_keys)
         self.stale: dict[Key, int] = {}
         # The keys a retry waits on (its owner's outcome), with how many wait: eviction
         # stops at them, so that a key settled while the window is past its bound is
@@ -167,7 +166,7 @@ class Window:
         """Drop the stale entries of ``order``: many keys were released (appends that
         failed) while few settled, so that eviction did not reach them."""
         stale = self.stale
-        kept: deque[Key] = deque()
+        kept: Queue[Key] = KeyQueue(self.max_keys)
         for key in self.order:
             count = stale.get(key)
             if count is None:

@@ -10,14 +10,22 @@ dict.
 
 ``Table`` is what the window uses of it: the dict operations ``ShardedDict`` answers as a
 dict does (no iteration, no order: the window keeps its own).
+
+``KeyQueue`` is that order: the window's keys, first in first out, in a ring the cycle
+collector does not track (a deque of a million keys is tracked, and a collection of its
+generation reads every key: 23.5 ms for the first young collection after filling a
+million-key window on ``file://``). ``Queue`` is what the window uses of it, the deque
+operations it answers as a deque does. ``KeyQueue(capacity)`` reserves room for that
+many keys. Without the C compiler it is a deque.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-__all__ = ("ShardedDict", "Table")
+__all__ = ("KeyQueue", "Queue", "ShardedDict", "Table")
 
 _K = TypeVar("_K", contravariant=True)
 _V = TypeVar("_V")
@@ -37,7 +45,24 @@ class Table(Protocol[_K, _V]):
     def update(self, pairs: Iterable[tuple[_K, _V]], /) -> None: ...
 
 
+class Queue(Protocol[_V]):
+    """The deque operations of the window's order of keys."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> _V: ...
+    def __iter__(self) -> Iterator[_V]: ...
+    def append(self, key: _V, /) -> None: ...
+    def extend(self, keys: Iterable[_V], /) -> None: ...
+    def popleft(self) -> _V: ...
+
+
+def _deque_queue(capacity: int = 0) -> Queue[Any]:
+    """The queue without the C compiler: a deque (``capacity`` is a hint it needs not)."""
+    return deque()
+
+
 ShardedDict = dict
+KeyQueue: Callable[[int], Queue[Any]] = _deque_queue
 if not TYPE_CHECKING:  # the type checker reads dict: what the compiled one answers as
     try:
         from . import _cshards
@@ -45,3 +70,4 @@ if not TYPE_CHECKING:  # the type checker reads dict: what the compiled one answ
         pass
     else:
         ShardedDict = _cshards.ShardedDict
+        KeyQueue = _cshards.KeyQueue

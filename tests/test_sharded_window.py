@@ -2,10 +2,14 @@
 operation the window uses as a dict does, and no shard holds much more than its share,
 which is what bounds how long one rebuild of it holds the loop (the longest stall with a
 window of 100k keys: 4.8-5.9 ms as one dict, 0.5-1.0 ms sharded; see
-``benchmarks/bench_dedup_stall.py``)."""
+``benchmarks/bench_dedup_stall.py``). Its order of keys (``KeyQueue``) answers as a deque
+does, and the cycle collector does not track it."""
 
 from __future__ import annotations
 
+import gc
+import sys
+from collections import deque
 from typing import Any
 
 import pytest
@@ -14,14 +18,16 @@ from hypothesis import strategies as st
 
 from interceptors import Dedup
 from interceptors._dedup_window import Window, key_of
-from interceptors._shards import ShardedDict
+from interceptors._shards import KeyQueue, ShardedDict
 
 
 def test_the_compiled_table_is_built_and_the_window_uses_it() -> None:
     """``make test`` builds interceptors/_cshards.c: without it the window is one dict."""
     assert ShardedDict is not dict
+    assert KeyQueue is not deque
     assert type(Window(10, 10).slots) is ShardedDict
     assert type(Dedup()._keys.slots) is ShardedDict
+    assert type(Dedup()._keys.order) is KeyQueue
 
 
 _keys = st.one_of(st.text(max_size=3), st.tuples(st.text(max_size=2), st.text(max_size=2)))
@@ -109,3 +115,62 @@ def test_a_window_under_churn_spreads_its_keys_over_the_shards() -> None:
             del table[order[i - size]]
     assert len(table) == size
     assert table.largest_shard() <= size / 64 * 1.1
+
+
+_queue_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), _keys),
+        st.tuples(st.just("extend"), st.lists(_keys, max_size=40)),
+        st.tuples(st.just("popleft")),
+        st.tuples(st.just("popleft_many"), st.integers(0, 60)),
+        st.tuples(st.just("item"), st.integers(-3, 70)),
+    ),
+    max_size=120,
+)
+
+
+def _queue_apply(queue: Any, op: tuple[Any, ...]) -> object:
+    """One operation's outcome: its value, or the type of its error."""
+    name, *args = op
+    try:
+        if name == "append":
+            return queue.append(args[0])
+        if name == "extend":
+            return queue.extend(iter(args[0]))
+        if name == "popleft":
+            return queue.popleft()
+        if name == "popleft_many":
+            return [queue.popleft() for _ in range(min(args[0], len(queue)))]
+        if args[0] < 0:
+            return None  # deque counts from the end; the window never asks
+        return queue[args[0]]
+    except IndexError:
+        return "IndexError"
+
+
+@given(st.integers(0, 40), _queue_ops)
+def test_the_key_queue_answers_as_a_deque(capacity: int, ops: list[tuple[Any, ...]]) -> None:
+    queue, model = KeyQueue(capacity), deque[Any]()
+    for op in ops:
+        assert _queue_apply(queue, op) == _queue_apply(model, op), op
+        assert len(queue) == len(model)
+        assert bool(queue) == bool(model)
+    assert list(queue) == list(model)
+
+
+def test_the_key_queue_grows_shrinks_and_is_not_tracked() -> None:
+    keys = [f"k{i}" for i in range(5000)]
+    queue = KeyQueue(100)
+    queue.extend(keys)
+    tracked, whole = gc.is_tracked(queue), list(queue)
+    popped = [queue.popleft() for _ in range(4990)]  # through the shrinks, to a small ring
+    queue.append("last")
+    rest = list(queue)
+    held = sys.getrefcount(keys[-1])
+    del queue
+    after = sys.getrefcount(keys[-1])
+    assert not tracked
+    assert whole == keys
+    assert popped == keys[:4990]
+    assert rest == [*keys[4990:], "last"]
+    assert after == held - 1  # the queue let its keys go
