@@ -42,15 +42,22 @@ import walsvc
 __all__ = ("broker",)
 
 #: Every script's start: ``native_threads()`` (the process's threads that are not
-#: Python's, after a collection), and a report registered before walsvc makes its first
-#: client, so that it runs after walsvc's own exit hook (atexit runs hooks last-in
-#: first-out): the pulsar-client objects still alive then.
+#: Python's, after a collection; polled for up to 5 s, since a thread that just ended is
+#: listed in /proc a moment after it is joined and after Python forgets it), and a
+#: report registered before walsvc makes its first client, so that it runs after
+#: walsvc's own exit hook (atexit runs hooks last-in first-out): the pulsar-client
+#: objects still alive then.
 _CHECK_AT_EXIT = """
-    import atexit, gc, os, sys, threading
+    import atexit, gc, os, sys, threading, time
 
     def native_threads():
-        gc.collect()
-        return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+        deadline = time.monotonic() + 5
+        while True:
+            gc.collect()
+            native = len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+            if native <= 0 or time.monotonic() > deadline:
+                return native
+            time.sleep(0.01)
 
     def report():
         import pulsar.asyncio
