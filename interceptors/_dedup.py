@@ -53,7 +53,7 @@ from walsvc.core._errors import (
     WALTruncated,
 )
 from walsvc.core._ids import MessageId
-from walsvc.core._message import AppendResult, Message, MessageType
+from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
 from walsvc.core._timetick import span_of_ms
 
 from ._dedup_window import (
@@ -66,7 +66,7 @@ from ._dedup_window import (
     result_of,
     settled_key,
 )
-from ._reading import read_through
+from ._reading import read_through, retained
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
 
@@ -167,6 +167,7 @@ class Dedup:
         if latest is None:
             return
         floor = max(0, await context.last_durable_timetick() - self._keys.age_ticks)
+        self._keys.forgotten_below = max(self._keys.forgotten_below, floor)  # not read
         start = await context.start_at_timetick(floor)
         # Each message is noted as the scanner delivers it, so the rebuild works a step
         # of the read at a time (the read yields to the loop between steps, see
@@ -558,11 +559,83 @@ class Dedup:
         latest = await context.latest_message_id()
         if latest is None or (floor is not None and latest < floor):
             return found
+        if not await retained(context, latest):
+            return found  # truncated through the newest message: the keys went with it
         start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
         async for message in read_through(context, start, latest, 0):
             key = settled_key(message)
             if key in keys and key not in found:
                 found[key] = result_of(message)
+        return found
+
+    # -- recalling keys the window may have dropped ---------------------------------------
+
+    async def recall(
+        self, keys: Sequence[tuple[str, str]], since_tick: int
+    ) -> list[AppendResult | None]:
+        """Per (vchannel, key) of ``keys``, appended at or after ``since_tick`` if at all:
+        the result of the message that settled it, or None if none did (and none is in
+        flight: an append in flight is waited for). A key the window holds is answered
+        from it; one it may have dropped (settled below ``forgotten_below``, which passed
+        ``since_tick``) is looked up in the log from ``since_tick``, and put back into
+        the window if found. One read of the log serves all of ``keys``.
+
+        For a producer that lost its answers (a reconnecting client of a node) and
+        knows that nothing it sends again was sent before a timetick it had seen:
+        answered from here, its appends land once however many keys the window
+        dropped meanwhile. Raises ``AppendOutcomeUnknown`` if it cannot be told: the
+        log cannot be read there (damaged, or truncated past ``since_tick``), or a
+        key's earlier outcome is still unknown (blocked)."""
+        await self.wait_rebuilt()
+        wanted = [key_of(vchannel, key) for vchannel, key in keys]
+        self._keys.hold(wanted)
+        try:
+            results = [await self._settled_held(key, False) for key in wanted]
+            missing = {key: i for i, key in enumerate(wanted) if results[i] is None}
+            if not missing or since_tick >= self._keys.forgotten_below:
+                return results  # the window holds every key settled since then
+            # forgotten_below is at most a settled key's tick + 1, and the newest message
+            # in the log has a tick at least that: the read below reaches it.
+            for key, result in (await self._find_since(set(missing), since_tick)).items():
+                results[missing[key]] = result
+                if key not in self._window:  # else claimed meanwhile: the claim stays
+                    self._window[key] = result
+                    self._keys.order.append(key)
+            return results
+        finally:
+            self._keys.unhold(wanted)
+            self._keys.evict()
+
+    async def _find_since(self, keys: set[Key], since_tick: int) -> dict[Key, AppendResult]:
+        """The results of the first messages with a tick >= ``since_tick`` that settle
+        ``keys``; ``AppendOutcomeUnknown`` if that stretch of the log cannot be read.
+        Truncated messages are not found: their keys are forgotten, as the rebuild on
+        open forgets them."""
+        context = self._bound()
+        found: dict[Key, AppendResult] = {}
+
+        def note(message: ImmutableMessage) -> None:
+            key = settled_key(message)
+            if key in keys and key not in found:
+                found[key] = result_of(message)
+
+        try:
+            latest = await context.latest_message_id()
+            if latest is None or not await retained(context, latest):
+                return found
+            start = await context.start_at_timetick(since_tick)
+            try:
+                async for message in read_through(context, start, latest, since_tick):
+                    note(message)
+            except WALTruncated:  # truncated meanwhile: what is retained is all there is
+                async for message in read_through(context, DeliverPolicy.all(), latest, since_tick):
+                    note(message)
+        except (WALError, OSError) as exc:
+            raise AppendOutcomeUnknown(
+                f"whether {len(keys)} appends sent again landed cannot be told: the dedup"
+                f" window dropped keys since timetick {since_tick}, and reading the log"
+                f" from there failed ({exc!r})"
+            ) from exc
         return found
 
     # -- bookkeeping ------------------------------------------------------------------------

@@ -6,8 +6,10 @@ transaction key), the keys in the order they were claimed (or read, on open), th
 stale entries of that order (one per release: a released key may be claimed again), and
 the keys a retry waits on (held: eviction stops at them). ``evict`` drops the oldest
 settled keys beyond ``max_keys`` or older than ``age_ticks``; it never drops a key in
-flight or held. Nothing here awaits: ``Dedup`` decides who claims, settles and releases,
-and this keeps the window true to it. The table is a ``ShardedDict`` (``_shards``): a
+flight or held, and it notes the newest tick it dropped (``forgotten_below``): below
+that tick, a key missing from the window may still be in the log. Nothing here awaits:
+``Dedup`` decides who claims, settles and releases, and this keeps the window true to
+it. The table is a ``ShardedDict`` (``_shards``): a
 dict in shards, so that a rebuild under churn holds the loop for one shard, not the
 window; the order is a ``KeyQueue``, which the cycle collector does not read.
 """
@@ -80,7 +82,16 @@ class Window:
     read and claimed into by ``Dedup`` directly on its hot paths (the dict is never
     replaced); ``order`` may be replaced (``compact``), so it is read through here."""
 
-    __slots__ = ("age_ticks", "held", "last_tick", "max_keys", "order", "slots", "stale")
+    __slots__ = (
+        "age_ticks",
+        "forgotten_below",
+        "held",
+        "last_tick",
+        "max_keys",
+        "order",
+        "slots",
+        "stale",
+    )
 
     def __init__(self, max_keys: int, age_ticks: int) -> None:
         self.max_keys = max_keys
@@ -98,6 +109,10 @@ class Window:
         # stops at them, so that a key settled while the window is past its bound is
         # still there for its waiters to read.
         self.held: dict[Key, int] = {}
+        #: Every key settled with a timetick at or above this is in the window, if it
+        #: was settled in the log at all: the window dropped (or, on open, never read)
+        #: only keys below it. 0 until it drops one.
+        self.forgotten_below = 0
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -200,8 +215,11 @@ class Window:
                 break  # a retry waits to read it; the bound is met once it has
             if len(window) > max_keys:  # dropped unless in flight: one probe for both
                 slot = window.pop(key)
-                if type(slot) is AppendResult or slot.result is not None:  # type: ignore[union-attr]
+                result = slot if type(slot) is AppendResult else slot.result  # type: ignore[union-attr]
+                if result is not None:
                     order.popleft()
+                    if result.timetick >= self.forgotten_below:
+                        self.forgotten_below = result.timetick + 1
                     continue
                 window[key] = slot  # in flight: the bound is met once it settles
                 break
@@ -211,6 +229,8 @@ class Window:
                 break  # in flight, or young enough
             order.popleft()
             del window[key]
+            if result.timetick >= self.forgotten_below:
+                self.forgotten_below = result.timetick + 1
 
 
 def in_flight(slot: Slot) -> bool:

@@ -54,7 +54,7 @@ async def test_the_token_of_a_file_is_demanded_and_refusals_are_typed(node: str)
     for token in (None, "wrong"):
         with pytest.raises(walsvc.Unauthenticated, match="refused the connection"):
             await walsvc.open_wal(node, _pchannel(), token=token)
-    with pytest.raises(walsvc.UnsupportedVersion, match=r"versions 1\.\.2.*speaks 7\.\.9"):
+    with pytest.raises(walsvc.UnsupportedVersion, match=r"versions 1\.\.3.*speaks 7\.\.9"):
         await walsvc.open_wal(node, _pchannel(), token=TOKEN, versions=(7, 9))
     assert issubclass(walsvc.Unauthenticated, walsvc.WALError)
     assert not walsvc.Unauthenticated.retriable
@@ -105,7 +105,7 @@ async def test_the_status_shows_the_node_its_pchannels_connections_and_streams(
         assert len(await take(scanner, 5)) == 5
         status = await _status(node)
         assert status.version
-        assert (status.min_version, status.max_version) == (1, 2)
+        assert (status.min_version, status.max_version) == (1, 3)
         assert status.url.startswith("memory://status-")
         assert node == f"walsvc://{status.listen}"
         assert not status.draining
@@ -121,7 +121,7 @@ async def test_the_status_shows_the_node_its_pchannels_connections_and_streams(
         assert connection.peer.startswith("127.0.0.1:")
         assert connection.connected_at <= status.started_at + status.uptime
         assert connection.in_flight == 0
-        assert connection.version == 2
+        assert connection.version == 3
         assert (stream.deliver, stream.filter) == ("all", "vchannels=v1")
         assert stream.delivered == 5
         assert stream.credit_messages == 4096 - 5  # the reader grants more after half
@@ -183,10 +183,10 @@ async def test_the_status_names_the_version_each_connection_speaks(node: str) ->
         await walsvc.open_wal(node, pchannel, token=TOKEN, versions=(1, 1)) as old,
         await walsvc.open_wal(node, pchannel, token=TOKEN) as new,
     ):
-        assert (old.connection.version, new.connection.version) == (1, 2)
+        assert (old.connection.version, new.connection.version) == (1, 3)
         status = await _status(node)
         named = [c for c in status.connections if any(h.pchannel == pchannel for h in c.handles)]
-        assert sorted(c.version for c in named) == [1, 2]
+        assert sorted(c.version for c in named) == [1, 3]
 
 
 async def test_a_status_too_big_for_a_frame_keeps_the_connections_that_fit(node: str) -> None:

@@ -42,15 +42,17 @@ def test_negotiation_picks_the_highest_common_version(
     client: tuple[int, int], chosen: int | None
 ) -> None:
     assert p.negotiate(client, (1, 1)) == chosen
-    assert p.NODE_VERSIONS == (1, 2)
+    assert p.NODE_VERSIONS == (1, 3)
     assert p.negotiate((1, 4), (2, 3)) == 3
 
 
-def test_this_code_speaks_versions_1_and_2_and_stream_stats_came_with_2() -> None:
-    assert p.NODE_VERSIONS == (1, 2)
+def test_this_code_speaks_versions_1_to_3_and_what_came_with_each() -> None:
+    assert p.NODE_VERSIONS == (1, 3)
     assert p.STREAM_STATS_VERSION == 2
+    assert p.RECALL_VERSION == 3
     assert p.negotiate((1, 1)) == 1  # a version 1 client gets version 1 from this node
     assert p.negotiate((1, 2)) == 2
+    assert p.negotiate((1, 3)) == 3
     assert p.negotiate((2, 2), (1, 1)) is None  # a version 2 client insisting, an old node
 
 
@@ -156,3 +158,13 @@ async def test_a_length_prefix_above_the_limit_is_refused_before_the_body() -> N
     reader.feed_data(p.FRAME_HEADER.pack(3) + b"\x91\x91\x08")
     reader.feed_eof()
     assert await read_frame(reader) == b"\x91\x91\x08"
+
+
+def test_the_byte_forms_of_recall() -> None:
+    encode = msgspec.msgpack.encode
+    recall = p.Recall(1, 1, 7, [("v", "k")])
+    assert encode(recall) == bytes.fromhex("95 31 01 01 07 91 92 a1 76 a1 6b")
+    recalled = p.Recalled(1, [p.WireResult("memory:3", 9, None), None])
+    assert encode(recalled) == bytes.fromhex("93 20 01 92 93 a8 6d 65 6d 6f 72 79 3a 33 09 c0 c0")
+    assert msgspec.msgpack.decode(encode(recall), type=p.ClientMessage) == recall
+    assert msgspec.msgpack.decode(encode(recalled), type=p.NodeMessage) == recalled

@@ -61,7 +61,7 @@ async def _tailing(wal: walsvc.WAL) -> walsvc.Scanner:
 async def test_a_tailing_reader_reports_the_node_tail_cache(node: str) -> None:
     async with await walsvc.open_wal(node, _pchannel()) as wal:
         assert isinstance(wal, RemoteWAL)
-        assert wal.connection.version == 2
+        assert wal.connection.version == 3
         scanner = await _tailing(wal)
         results = await wal.append_many(_messages(20))
         got = await take(scanner, 20)
@@ -287,7 +287,7 @@ async def test_a_raw_peer_receives_stream_stats_only_from_version_2(
         send(p.Hello(1, version, None, "raw"))
         (welcome,) = await frame()
         assert isinstance(welcome, p.Welcome)
-        assert (welcome.version, welcome.min_version, welcome.max_version) == (version, 1, 2)
+        assert (welcome.version, welcome.min_version, welcome.max_version) == (version, 1, 3)
         send(p.OpenWal(1, _pchannel(), False))
         (opened,) = await frame()
         assert isinstance(opened, p.Opened)

@@ -102,7 +102,7 @@ async def test_errors_arrive_as_the_same_types(node: str) -> None:
 
 
 async def test_a_version_the_node_does_not_speak_is_refused_naming_its_range(node: str) -> None:
-    with pytest.raises(walsvc.WALError, match=r"speaks protocol versions 1\.\.2.*speaks 7\.\.9"):
+    with pytest.raises(walsvc.WALError, match=r"speaks protocol versions 1\.\.3.*speaks 7\.\.9"):
         await walsvc.open_wal(node, "p", versions=(7, 9))
 
 

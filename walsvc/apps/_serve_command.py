@@ -6,7 +6,8 @@ supervisor or test reads the bound port from it; with ``--metrics-port`` a secon
 (SIGINT). Then it drains (``NodeServer.drain``: ``GoingAway`` to every client, every
 request received answered, streams ended, WALs closed) for at most ``--drain-timeout``
 seconds and exits 0; a second signal cuts the drain short.
-``--sync`` is the file backend's sync mode; the limits of ``walsvc.NodeLimits`` (timeouts,
+``--sync`` is the file backend's sync mode; ``--dedup-keys``/``--dedup-age`` size each
+pchannel's dedup window (``interceptors.Dedup``); the limits of ``walsvc.NodeLimits`` (timeouts,
 bytes queued for a peer) have flags of their own; ``--tls-cert``/``--tls-key`` serve over TLS
 (``--tls-client-ca`` demands client certificates); the bearer token comes from the first line
 of ``--token-file`` or else the environment variable ``WALSVC_TOKEN`` (never the command
@@ -22,9 +23,13 @@ import logging
 import signal
 import ssl
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from interceptors import DEFAULT_MAX_AGE, DEFAULT_MAX_KEYS, Dedup, default_chain
+from walsvc.backends._registry import backend_class
+from walsvc.core._chain import ChainMember
 from walsvc.core._errors import WALError
 from walsvc.remote._node_status import NodeLimits
 from walsvc.service._server import serve
@@ -83,6 +88,25 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--metrics-host", default="127.0.0.1", help="where --metrics-port listens (%(default)s)"
     )
+    window = parser.add_argument_group(
+        "the dedup window of each pchannel (idempotency keys, and the producer keys with"
+        " which reconnecting clients resend)"
+    )
+    window.add_argument(
+        "--dedup-keys",
+        type=int_at_least(1),
+        default=DEFAULT_MAX_KEYS,
+        metavar="N",
+        help="keys remembered per pchannel (%(default)s)",
+    )
+    window.add_argument(
+        "--dedup-age",
+        type=seconds,
+        default=DEFAULT_MAX_AGE,
+        metavar="S",
+        help="seconds a key is remembered, by timetick; also how much log a node reads"
+        " back to rebuild the window when it opens a pchannel (%(default)s)",
+    )
     limits = parser.add_argument_group("limits on each peer (a peer over one is cut off)")
     default = NodeLimits()
     limits.add_argument(
@@ -136,10 +160,22 @@ def add_serve_parser(commands: Any) -> None:
     )
 
 
+def _chain(url: str, max_keys: int, max_age: float) -> Callable[[], list[ChainMember]]:
+    """What builds each pchannel's chain: the default one, with a dedup window of
+    ``max_keys`` and ``max_age``."""
+    try:
+        retry = backend_class(url.partition("://")[0]).retriable_appends
+    except WALError as exc:  # an unknown scheme: the node's own opening says so
+        raise UsageError(str(exc)) from exc
+    return lambda: default_chain(dedup=Dedup(max_keys=max_keys, max_age=max_age), retry=retry)
+
+
 async def _serve(args: argparse.Namespace) -> None:
     options: dict[str, Any] = {}
     if args.sync is not None:
         options["sync"] = args.sync
+    if (args.dedup_keys, args.dedup_age) != (DEFAULT_MAX_KEYS, DEFAULT_MAX_AGE):
+        options["interceptors"] = _chain(args.url, args.dedup_keys, args.dedup_age)
     token = bearer_token(args.token_file)
     limits = NodeLimits(
         handshake_timeout=args.handshake_timeout,

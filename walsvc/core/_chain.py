@@ -28,6 +28,7 @@ __all__ = (
     "CoalescingInterceptor",
     "Interceptor",
     "InterceptorContext",
+    "KeyRecall",
     "ManagesTransactions",
     "PassesPlainMessages",
     "PlainAdmission",
@@ -187,6 +188,23 @@ class TxnKeyWindow(Protocol):
     async def committed_txn(self, vchannel: str, key: str) -> AppendResult | None:
         """The CommitTxn result of the transaction with ``key`` on ``vchannel`` if one
         committed (waiting for a commit of it in flight); else None."""
+        ...
+
+
+@runtime_checkable
+class KeyRecall(Protocol):
+    """Optional: tells what became of keyed appends whose answers were lost
+    (``Dedup``). A node asks it before a reconnecting producer sends its appends again
+    (``LocalWAL.recall_keys``), so that they land once even after the window dropped
+    their keys."""
+
+    async def recall(
+        self, keys: Sequence[tuple[str, str]], since_tick: int
+    ) -> list[AppendResult | None]:
+        """Per (vchannel, key) of ``keys``, each appended at or after timetick
+        ``since_tick`` if at all: the result of the message it settled, or None if it
+        is not in the log (an append of it in flight is waited for). Raises
+        ``AppendOutcomeUnknown`` if that cannot be told."""
         ...
 
 

@@ -29,6 +29,7 @@ __all__ = (
     "OpenWal",
     "Ping",
     "Read",
+    "Recall",
     "Status",
     "Truncate",
     "TxnAppend",
@@ -255,6 +256,19 @@ class DeleteSubscription(msgspec.Struct, array_like=True, frozen=True, tag=48):
     name: str
 
 
+class Recall(msgspec.Struct, array_like=True, frozen=True, tag=49):
+    """Version 3: what became of appends whose answers a lost connection took, before
+    they are sent again: per ``[vchannel, idempotency_key]`` of ``keys``, each sent
+    after the client had received an answer with timetick ``since_tick``, the result
+    of the message that landed with it, or nil if none did. Answered by ``Recalled``
+    (``LocalWAL.recall_keys`` on the node) or ``Failed``."""
+
+    request: int
+    wal: int
+    since_tick: int
+    keys: list[tuple[str, str]]
+
+
 ClientMessage = (
     Hello
     | OpenWal
@@ -276,4 +290,5 @@ ClientMessage = (
     | Flush
     | Truncate
     | DeleteSubscription
+    | Recall
 )

@@ -99,6 +99,7 @@ class Connection(PendingRequests):
         "going_away",
         "received_bytes",
         "reconnects",
+        "seen_tick",
         "version",
     )
 
@@ -132,6 +133,9 @@ class Connection(PendingRequests):
         self.going_away: str | None = None
         #: Sockets that replaced a lost one.
         self.reconnects = 0
+        #: The newest timetick among the answers received (each ``Appended``'s first
+        #: result), 0 before one: whatever is sent from now on lands after it.
+        self.seen_tick = 0
         # The loop this connection lives on (asyncio.get_running_loop() costs a getpid
         # system call on every call: not once per request).
         self._loop = asyncio.get_running_loop()
@@ -200,7 +204,15 @@ class Connection(PendingRequests):
             raise MessageTooLarge(
                 f"the request is {len(data)} bytes encoded; a frame holds {MAX_ITEM_BYTES}"
             )
-        pending = Pending(self._loop.create_future(), item, append, resend, len(data), resend_from)
+        pending = Pending(
+            self._loop.create_future(),
+            item,
+            append,
+            resend,
+            len(data),
+            resend_from,
+            self.seen_tick,
+        )
         # PendingRequests._add, inline: this runs per append
         self._pending[request] = pending
         self._pending_bytes += len(data)
@@ -298,6 +310,9 @@ class Connection(PendingRequests):
             pending = self._answered(message.request)
             if pending is not None and not pending.future.done():
                 pending.future.set_result(message)
+            results = message.results
+            if results and results[0].timetick > self.seen_tick:
+                self.seen_tick = results[0].timetick
         elif isinstance(message, Delivered):
             scanner = self._streams.get(message.stream)
             if scanner is not None:

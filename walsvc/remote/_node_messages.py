@@ -212,6 +212,14 @@ class AckFailed(msgspec.Struct, array_like=True, frozen=True, tag=51):
     message: str
 
 
+class Recalled(msgspec.Struct, array_like=True, frozen=True, tag=32):
+    """Version 3: the answer to ``Recall``, one item per key in its order: the result
+    of the message that landed with it, or nil (it did not land: send it again)."""
+
+    request: int
+    results: list[WireResult | None]
+
+
 NodeMessage = (
     Welcome
     | Refused
@@ -229,4 +237,5 @@ NodeMessage = (
     | GoingAway
     | TxnBegun
     | AckFailed
+    | Recalled
 )

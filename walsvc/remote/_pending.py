@@ -48,7 +48,9 @@ class Pending:
     """A request waiting for its answer: ``item``, the client message or its encoded
     bytes. ``sent`` once it reached a transport; ``resend``: safe to send again on a
     new socket (reads, idempotent appends), if the node there speaks at least protocol
-    version ``resend_from``; ``resent``: how many times it was."""
+    version ``resend_from``; ``resent``: how many times it was. ``since``: the newest
+    timetick the connection had received an answer with when the request was made (an
+    append of it lands with a later one)."""
 
     __slots__ = (
         "append",
@@ -59,6 +61,7 @@ class Pending:
         "resend_from",
         "resent",
         "sent",
+        "since",
         "size",
     )
 
@@ -70,8 +73,10 @@ class Pending:
         resend: bool,
         size: int = 0,
         resend_from: int = 1,
+        since: int = 0,
     ) -> None:
         self.future = future
+        self.since = since
         self.item = item
         self.size = size
         self.append = append

@@ -66,6 +66,7 @@ from ._client_messages import (
     OpenWal,
     Ping,
     Read,
+    Recall,
     Status,
     Truncate,
     TxnAppend,
@@ -86,6 +87,7 @@ from ._node_messages import (
     NodeMessage,
     Opened,
     Pong,
+    Recalled,
     Refused,
     StatusIs,
     StreamEnded,
@@ -103,6 +105,7 @@ __all__ = (
     "MAX_FRAME_BYTES",
     "NODE_VERSIONS",
     "PRODUCER_KEY_PREFIX",
+    "RECALL_VERSION",
     "STREAM_STATS_VERSION",
     "Ack",
     "AckFailed",
@@ -130,6 +133,8 @@ __all__ = (
     "Ping",
     "Pong",
     "Read",
+    "Recall",
+    "Recalled",
     "Refused",
     "Status",
     "StatusIs",
@@ -158,10 +163,13 @@ __all__ = (
 #: after a lost connection lands once. The node drops them from what it delivers.
 PRODUCER_KEY_PREFIX: Final = "~"
 #: The protocol versions this code speaks, lowest and highest.
-NODE_VERSIONS: Final = (1, 2)
+NODE_VERSIONS: Final = (1, 3)
 #: The first version with ``StreamStats``: a node sends it only on a connection that
 #: negotiated this version or a later one (an older client could not decode it).
 STREAM_STATS_VERSION: Final = 2
+#: The first version with ``Recall``: a reconnecting client asks it only of a node that
+#: negotiated this version or a later one (an older node would drop the connection).
+RECALL_VERSION: Final = 3
 #: A frame's length prefix: 4 bytes, big-endian, unsigned; counts the body only.
 FRAME_HEADER: Final = struct.Struct(">I")
 #: The largest frame body either side accepts: 16 MiB of messages plus 64 KiB of

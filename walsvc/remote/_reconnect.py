@@ -10,8 +10,10 @@
   fails ``BackendUnavailable``, and a refusal, or a WAL that cannot be reopened, ends
   the connection at once.
 - On the new socket (``restore``) the WAL is reopened first (``reopen``, through
-  ``Connection.direct``: ahead of everything queued), then the book resends, then each
-  stream is resumed right after the last message it received.
+  ``Connection.direct``: ahead of everything queued), then the node is asked what
+  became of the appends sent before (``_recall``, protocol version 3), then the book
+  resends what is left, then each stream is resumed right after the last message it
+  received.
 - A resumed subscription stream whose name the node still holds for the reader of the
   old connection is read again, with backoff (``read_again``), for up to
   ``reconnect_timeout``.
@@ -30,7 +32,8 @@ from walsvc.core._errors import BackendUnavailable, SubscriptionBusy, WALError
 from walsvc.core._metrics import CLIENT
 
 from ._dial import NodeSocket, dial
-from ._protocol import ErrorCode, Ping
+from ._protocol import RECALL_VERSION, ErrorCode, Ping
+from ._recall import recall
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -125,6 +128,8 @@ async def restore(conn: Connection, socket: NodeSocket) -> None:
     assert conn._reopen is not None
     try:
         handle = conn._handle = await conn._reopen(conn)
+        if socket.version >= RECALL_VERSION:
+            await recall(conn, handle)
     except BaseException:
         conn._socket = None
         socket.writer.abort()

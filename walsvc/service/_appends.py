@@ -7,6 +7,8 @@ coroutine of its own, and the group's one future answers every request from its
 callback, one ``Appended`` or ``Failed`` each, in any order, by request id. A message
 that cannot be converted fails alone; a read-only or unknown handle fails the whole run.
 An ``AppendMany`` is one ``append_many``, answered with one ``Appended`` or ``Failed``.
+A ``Recall`` (a reconnecting client's, before it sends its unanswered appends again) is
+one ``LocalWAL.recall_keys``, answered with ``Recalled``.
 Every group counts against the connection's requests in flight until its future is done.
 
 This is the node's hot path: per message, the conversion from the wire, its charge and
@@ -23,7 +25,7 @@ import functools
 from typing import TYPE_CHECKING, cast
 
 from walsvc.core._message import Message
-from walsvc.remote._protocol import Append, AppendMany
+from walsvc.remote._protocol import Append, AppendMany, Recall, Recalled
 from walsvc.write._coalesce import Outcome
 
 from ._wire import (
@@ -32,12 +34,13 @@ from ._wire import (
     encode_appended_each,
     message_of,
     messages_of,
+    wire_result,
 )
 
 if TYPE_CHECKING:
     from ._session import Session
 
-__all__ = ("append_many", "start_group")
+__all__ = ("append_many", "recall", "start_group")
 
 
 def start_group(session: Session, requests: list[Append]) -> None:
@@ -103,3 +106,16 @@ async def append_many(session: Session, request: AppendMany) -> None:
         session.fail(request.request, exc)
         return
     session.send_encoded(encode_appended(request.request, results))
+
+
+async def recall(session: Session, request: Recall) -> None:
+    """Tell what became of the appends of ``request``'s keys, and answer it."""
+    try:
+        wal = session.writable(request.wal)
+        results = await wal.recall_keys(request.keys, request.since_tick)
+    except Exception as exc:
+        session.fail(request.request, exc)
+        return
+    session.send(
+        Recalled(request.request, [None if r is None else wire_result(r) for r in results])
+    )

@@ -42,6 +42,7 @@ from walsvc.remote._protocol import (
     Ping,
     Pong,
     Read,
+    Recall,
     Status,
     StreamEnded,
     Truncate,
@@ -54,7 +55,7 @@ from walsvc.remote._protocol import (
 )
 from walsvc.wal._wal import LocalWAL
 
-from ._appends import append_many, start_group
+from ._appends import append_many, recall, start_group
 from ._drain import draining_answer
 from ._limits import STATUS_CHARGE, Requests, Watchdog
 from ._status import answer_status
@@ -164,6 +165,8 @@ class Session:
             self._spawn(self._flush(message))
         elif isinstance(message, Truncate | DeleteSubscription):
             self._spawn(self._admin(message))
+        elif isinstance(message, Recall):
+            self._spawn(recall(self, message), 64 + 32 * len(message.keys))
         elif isinstance(message, Status):
             self._spawn(answer_status(self, message), STATUS_CHARGE)
         else:

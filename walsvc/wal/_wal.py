@@ -26,6 +26,7 @@ from walsvc.core._chain import (
     ChainMember,
     ClosingInterceptor,
     CoalescingInterceptor,
+    KeyRecall,
     PlainAdmission,
     ReadyInterceptor,
     TickListener,
@@ -417,6 +418,27 @@ class LocalWAL(WAL):
             return await batch_chain(batch)
         chain = self._plain_chain if plain else self._chain
         return [await chain(message) for message in batch]
+
+    async def recall_keys(
+        self, keys: Sequence[tuple[str, str]], since_tick: int
+    ) -> list[AppendResult | None]:
+        """What became of keyed appends whose answers were lost, each sent after an
+        append with timetick ``since_tick`` was answered: per (vchannel, idempotency
+        key) of ``keys``, the result of the message that landed with it, or None if none
+        did (``KeyRecall.recall`` of the chain's member that remembers keys: the
+        ``Dedup`` window, and the log from ``since_tick`` where the window dropped keys).
+        A node calls it before a reconnecting client sends such appends again. Raises
+        ``AppendOutcomeUnknown`` if it cannot be told, and ``InvalidArgument`` if no
+        member of the chain remembers keys."""
+        self._check_writable()
+        window = next((m for m in self._members if isinstance(m, KeyRecall)), None)
+        if window is None:
+            raise InvalidArgument(
+                "this WAL's interceptor chain remembers no idempotency keys (interceptors.Dedup)"
+            )
+        if self._startup is not None:
+            await self._wait_ready()
+        return await window.recall(keys, since_tick)
 
     # -- appends of messages the WAL built (transaction control and bodies) ----------
 

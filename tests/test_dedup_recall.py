@@ -1,0 +1,137 @@
+"""``Dedup.recall`` (``LocalWAL.recall_keys``): what became of keyed appends whose answers
+were lost, told from the window, or from the log where the window dropped their keys."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from _chain_support import data, log_of, member
+
+import interceptors
+import walsvc
+from interceptors import Dedup
+from walsvc import AppendOutcomeUnknown, AppendResult, InvalidArgument, Message
+from walsvc.abc import AppendBatchNext, AppendNext
+
+
+def _small_window(keys: int = 8) -> list[walsvc.abc.ChainMember]:
+    return interceptors.default_chain(sync_interval=None, dedup=Dedup(max_keys=keys))
+
+
+async def test_keys_the_window_dropped_are_found_in_the_log_and_land_once(url: str) -> None:
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window()) as wal:
+        seen = (await wal.append(data(b"before"))).timetick  # an answer the producer had
+        lost = [await wal.append(data(b"lost", idempotency_key=f"k{i}")) for i in range(5)]
+        for i in range(40):  # other producers: the window drops k0..k4
+            await wal.append(data(b"other", idempotency_key=f"o{i}"))
+        dedup = member(wal, Dedup)
+        assert dedup._keys.forgotten_below > seen
+        asked = [("v1", f"k{i}") for i in range(5)] + [("v1", "never"), ("v2", "k0")]
+        recalled = await wal.recall_keys(asked, seen)
+        assert recalled == [*lost, None, None]
+        # found keys are back in the window: a resend is answered, not appended again
+        again = await wal.append_many([data(b"lost", idempotency_key=f"k{i}") for i in range(5)])
+        assert again == lost
+        log = await log_of(wal)
+    assert sum(1 for m in log if m.idempotency_key and m.idempotency_key[0] == "k") == 5
+
+
+async def test_without_a_dropped_key_the_window_answers_alone(url: str) -> None:
+    """While the window has dropped nothing since ``since_tick``, a key it does not hold
+    did not land: no read of the log (shown by a key in the log, below the window's
+    horizon, that a caller claiming a later ``since_tick`` is told is not there)."""
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window(4)) as wal:
+        old = await wal.append(data(b"x", idempotency_key="old"))
+        for i in range(8):
+            await wal.append(data(b"x", idempotency_key=f"o{i}"))
+        kept = await wal.append(data(b"x", idempotency_key="kept"))
+        horizon = member(wal, Dedup)._keys.forgotten_below
+        assert old.timetick < horizon <= kept.timetick
+        assert await wal.recall_keys([("v1", "old"), ("v1", "kept")], horizon) == [None, kept]
+        assert await wal.recall_keys([("v1", "old")], old.timetick) == [old]
+
+
+class Hold:
+    """An interceptor (inside ``Dedup``) that holds every append until ``release``."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        self.holding.set()
+        await self.release.wait()
+        return await call_next(message)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        self.holding.set()
+        await self.release.wait()
+        return await call_next(messages)
+
+
+async def test_a_key_in_flight_is_waited_for(url: str) -> None:
+    hold = Hold()
+    async with await walsvc.open_wal(url, "p0", interceptors=[*_small_window(), hold]) as wal:
+        appending = asyncio.ensure_future(wal.append(data(b"x", idempotency_key="k")))
+        await hold.holding.wait()  # claimed: in flight
+        recalling = asyncio.ensure_future(wal.recall_keys([("v1", "k")], 0))
+        await asyncio.sleep(0.01)
+        assert not recalling.done()
+        hold.release.set()
+        assert await recalling == [await appending]
+
+
+async def test_the_window_is_rebuilt_with_its_horizon(tmp_path: Path) -> None:
+    """Reopened, the window holds the log's keys younger than its age; the recall of
+    an older key reads the log."""
+    url = f"file://{tmp_path / 'log'}"
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window(4)) as wal:
+        first = [await wal.append(data(b"x", idempotency_key=f"k{i}")) for i in range(10)]
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window(4)) as wal:
+        await wal.wait_ready()
+        await member(wal, Dedup).wait_rebuilt()
+        assert len(member(wal, Dedup)) == 4
+        assert await wal.recall_keys([("v1", "k0"), ("v1", "k9")], 0) == [first[0], first[9]]
+
+
+async def test_truncated_keys_are_forgotten_as_on_open() -> None:
+    """Truncated messages are not found (the rebuild on open forgets them too), and a
+    log truncated through its newest message is told at once, not waited on."""
+    name = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(name, "p0", interceptors=_small_window(2)) as wal:
+        seen = (await wal.append(data(b"before"))).timetick
+        results = [await wal.append(data(b"x", idempotency_key=f"k{i}")) for i in range(6)]
+        assert len(member(wal, Dedup)) == 2  # k4 and k5
+        await wal.truncate(results[1].message_id)
+        assert await wal.recall_keys([("v1", "k0"), ("v1", "k3")], seen) == [None, results[3]]
+        await wal.truncate(results[5].message_id)
+        assert await wal.recall_keys([("v1", "k2")], seen) == [None]
+
+
+async def test_a_log_that_cannot_be_read_cannot_tell(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window(2)) as wal:
+        seen = (await wal.append(data(b"before"))).timetick
+        for i in range(6):
+            await wal.append(data(b"x", idempotency_key=f"k{i}"))
+        dedup = member(wal, Dedup)
+
+        async def damaged(*_: object) -> walsvc.DeliverPolicy:
+            raise walsvc.CorruptRecord("a damaged record (injected)")
+
+        monkeypatch.setattr(dedup._context, "start_at_timetick", damaged)
+        with pytest.raises(AppendOutcomeUnknown, match="cannot be told"):
+            await wal.recall_keys([("v1", "k0")], seen)
+
+
+async def test_a_chain_without_a_window_refuses() -> None:
+    async with await walsvc.open_wal(f"memory://{uuid.uuid4().hex}", "p0", interceptors=[]) as wal:
+        with pytest.raises(InvalidArgument, match="remembers no idempotency keys"):
+            await wal.recall_keys([("v1", "k")], 0)

@@ -1,0 +1,122 @@
+"""Exactly-once past the dedup window (protocol version 3, ``Recall``): a producer whose
+answers were lost while other producers pushed its keys out of the node's window asks
+the node what became of its appends before sending them again; the node finds them in
+the log. A node process with a small window (``--dedup-keys``), a TCP proxy, real
+sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _node_process import node_process
+from _tcp_proxy import TcpProxy, proxied
+
+import walsvc
+from walsvc import DeliverPolicy, Message
+from walsvc.remote._client import RemoteWAL
+
+WINDOW = 16
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = f"file://{tmp_path_factory.mktemp('node')}"
+    with node_process(log, "--dedup-keys", str(WINDOW)) as (node_url, _):
+        yield node_url
+
+
+async def _payloads(node: str, pchannel: str) -> list[bytes]:
+    """The payloads of ``pchannel``'s log, read straight from the node."""
+    async with await walsvc.open_wal(node, pchannel, read_only=True) as wal:
+        latest = await wal.latest_message_id()
+        found: list[bytes] = []
+        if latest is None:
+            return found
+        async with asyncio.timeout(30), wal.read(DeliverPolicy.all(), timeticks=True) as scanner:
+            async for message in scanner:
+                if message.type != walsvc.MessageType.TIME_TICK:
+                    found.append(message.payload)
+                if message.message_id == latest:
+                    break
+        return found
+
+
+async def _lose_answers_while_the_window_turns_over(
+    node: str, tcp: TcpProxy, wal: walsvc.WAL, pchannel: str
+) -> list[asyncio.Future[Any]]:
+    """Appends of ``wal`` (through the proxy) that land while their answers are held,
+    then 4 windows of keyed appends by another producer, straight to the node."""
+    tcp.hold("down")
+    calls: list[asyncio.Future[Any]] = [
+        asyncio.ensure_future(wal.append(Message(payload=b"lost-%d" % i, vchannel="v")))
+        for i in range(5)
+    ]
+    calls.append(
+        asyncio.ensure_future(
+            wal.append_many([Message(payload=b"many-%d" % i, vchannel="v") for i in range(3)])
+        )
+    )
+    async with asyncio.timeout(10):  # until they landed on the node
+        while len(await _payloads(node, pchannel)) < 9:  # noqa: ASYNC110 (another process)
+            await asyncio.sleep(0.02)
+    async with await walsvc.open_wal(node, pchannel) as other:
+        await other.append_many(
+            [Message(payload=b"other-%d" % i, vchannel="v") for i in range(4 * WINDOW)]
+        )
+    return calls
+
+
+async def test_appends_whose_keys_left_the_window_land_once_after_a_reconnect(
+    node: str,
+) -> None:
+    pchannel = f"p-{uuid.uuid4().hex[:10]}"
+    async with proxied(node) as (tcp, url):
+        async with await walsvc.open_wal(url, pchannel) as wal:
+            assert isinstance(wal, RemoteWAL)
+            assert wal.connection.version == 3
+            await wal.append(Message(payload=b"first", vchannel="v"))
+            calls = await _lose_answers_while_the_window_turns_over(node, tcp, wal, pchannel)
+            assert not any(call.done() for call in calls)
+            assert tcp.cut() == 1
+            async with asyncio.timeout(30):
+                answers = await asyncio.gather(*calls)
+            assert wal.connection.reconnects == 1
+    log = await _payloads(node, pchannel)
+    mine = [p for p in log if not p.startswith(b"other-")]
+    assert sorted(mine) == sorted(
+        [b"first", *(b"lost-%d" % i for i in range(5)), *(b"many-%d" % i for i in range(3))]
+    ), "an append landed twice (or not at all)"
+    async with await walsvc.open_wal(node, pchannel, read_only=True) as reader:
+        ids: dict[bytes, walsvc.MessageId] = {}
+        latest = await reader.latest_message_id()
+        async with reader.read(DeliverPolicy.all(), timeticks=True) as scanner:
+            async for message in scanner:
+                ids[message.payload] = message.message_id
+                if message.message_id == latest:
+                    break
+    *singles, many = answers
+    assert [r.message_id for r in singles] == [ids[b"lost-%d" % i] for i in range(5)]
+    assert [r.message_id for r in many] == [ids[b"many-%d" % i] for i in range(3)]
+
+
+async def test_a_client_of_version_2_resends_as_before(node: str) -> None:
+    """Over version 2 there is no ``Recall``: appends whose answers were lost are sent
+    again and answered from the window, which still holds their keys here."""
+    pchannel = f"p-{uuid.uuid4().hex[:10]}"
+    async with proxied(node) as (tcp, url):
+        async with await walsvc.open_wal(url, pchannel, versions=(1, 2)) as wal:
+            assert isinstance(wal, RemoteWAL)
+            assert wal.connection.version == 2
+            tcp.hold("down")
+            call = asyncio.ensure_future(wal.append(Message(payload=b"once", vchannel="v")))
+            async with asyncio.timeout(10):
+                while not await _payloads(node, pchannel):  # noqa: ASYNC110 (another process)
+                    await asyncio.sleep(0.02)
+            assert tcp.cut() == 1
+            async with asyncio.timeout(30):
+                await call
+    assert await _payloads(node, pchannel) == [b"once"]
