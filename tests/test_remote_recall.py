@@ -120,3 +120,17 @@ async def test_a_client_of_version_2_resends_as_before(node: str) -> None:
             async with asyncio.timeout(30):
                 await call
     assert await _payloads(node, pchannel) == [b"once"]
+
+
+async def test_a_fresh_client_starts_from_the_tick_the_node_had_given(node: str) -> None:
+    """A client that has no answer yet bounds its ``Recall`` by what ``Opened`` said, not
+    by tick 0 (which would read the whole log after the window dropped a key)."""
+    pchannel = f"p-{uuid.uuid4().hex[:10]}"
+    async with await walsvc.open_wal(node, pchannel) as first:
+        last = await first.append(Message(payload=b"x", vchannel="v"))
+        async with await walsvc.open_wal(node, pchannel) as second:
+            assert isinstance(second, RemoteWAL)
+            assert second.connection.seen_tick >= last.timetick
+        async with await walsvc.open_wal(node, pchannel, versions=(1, 2)) as old:
+            assert isinstance(old, RemoteWAL)
+            assert old.connection.seen_tick == 0  # version 2 says nothing

@@ -229,6 +229,7 @@ class RemoteWAL(WAL):
         self._scanners: set[RemoteScanner] = set()
         self._window = window
         self._keys = _ProducerKeys() if exactly_once else None
+        conn.saw_tick(opened.timetick)
         conn.on_reconnect(self._reopen)
 
     async def _reopen(self, conn: Connection) -> int:
@@ -239,6 +240,7 @@ class RemoteWAL(WAL):
         )
         self._handle = opened.wal
         self._term = opened.term
+        conn.saw_tick(opened.timetick)
         return opened.wal
 
     @property

@@ -134,7 +134,8 @@ class Connection(PendingRequests):
         #: Sockets that replaced a lost one.
         self.reconnects = 0
         #: The newest timetick among the answers received (each ``Appended``'s first
-        #: result), 0 before one: whatever is sent from now on lands after it.
+        #: result, and what ``Opened`` says), 0 before one: whatever is sent from now on
+        #: lands after it.
         self.seen_tick = 0
         # The loop this connection lives on (asyncio.get_running_loop() costs a getpid
         # system call on every call: not once per request).
@@ -238,6 +239,12 @@ class Connection(PendingRequests):
     @property
     def _reconnects_at_all(self) -> bool:
         return self._reconnect_timeout > 0 and self._reopen is not None
+
+    def saw_tick(self, timetick: int) -> None:
+        """Note that the node had given ``timetick`` (what it says when a WAL opens):
+        whatever is sent from now on lands after it (``seen_tick``)."""
+        if timetick > self.seen_tick:
+            self.seen_tick = timetick
 
     def next_id(self) -> int:
         """A request or stream number not used before on this connection."""

@@ -84,13 +84,16 @@ class Refused(msgspec.Struct, array_like=True, frozen=True, tag=21):
 
 class Opened(msgspec.Struct, array_like=True, frozen=True, tag=22):
     """The pchannel is open: the handle to name it by, the writer's term, whether the
-    handle is read-only, and the URL scheme of the ids it returns."""
+    handle is read-only, the URL scheme of the ids it returns and (version 3) the newest
+    timetick the node had given a message of it (0: none, or not said), which every
+    message appended from now on exceeds."""
 
     request: int
     wal: int
     term: int
     read_only: bool
     scheme: str
+    timetick: int = 0
 
 
 class Appended(msgspec.Struct, array_like=True, frozen=True, tag=23):

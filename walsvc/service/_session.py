@@ -23,6 +23,7 @@ from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALRea
 from walsvc.core._ids import unmarshal_message_id
 from walsvc.remote._frames import FrameWriter
 from walsvc.remote._protocol import (
+    RECALL_VERSION,
     Ack,
     Append,
     AppendMany,
@@ -195,7 +196,8 @@ class Session:
         self._next_handle += 1
         self.handles[handle] = (wal, request.read_only)
         scheme = self.node.url.partition("://")[0]
-        self.send(Opened(request.request, handle, wal.term, request.read_only, scheme))
+        tick = wal.last_timetick if self.version >= RECALL_VERSION else 0  # 0: not said
+        self.send(Opened(request.request, handle, wal.term, request.read_only, scheme, tick))
 
     async def _latest(self, request: LatestId) -> None:
         try:
