@@ -75,7 +75,7 @@ _USER_KEYS = (_TEXT | st.sampled_from(_EDGES).map(lambda n: _sized(n, "k"))).fil
 # Producer key prefixes: the real one's shape, and lengths that put prefix + hex digits
 # on both sides of msgpack's str edges (31/32, 255/256).
 _PREFIXES = (
-    st.just(_client._ProducerKeys()._prefix)
+    st.just(_client._ProducerKeys(_client._new_producer())._prefix)
     | st.text(max_size=40).map(lambda t: f"{PRODUCER_KEY_PREFIX}{t}.")
     | st.sampled_from([14, 15, 16, 28, 29, 30, 31, 240, 250, 254, 255]).map(lambda n: "~" * n)
 )
@@ -104,7 +104,7 @@ def _python(
     request: int, wal: int, messages: list[Any], prefix: str, next_key: int, *, many: bool = True
 ) -> tuple[bytes, int]:
     """What the Python path sends (or raises), and its producer key counter after."""
-    keys = _client._ProducerKeys()
+    keys = _client._ProducerKeys(_client._new_producer())
     keys._prefix, keys._next = prefix, next_key
     for message in messages:
         _client._check_user_message(message)

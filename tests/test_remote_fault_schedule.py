@@ -8,7 +8,9 @@ in flight), a rollback or nothing; some have a short keepalive. Each round a sch
 picks, at random moments: resets of every connection; answers held back and then the
 connection reset (the calls landed, their answers are lost); both directions held until
 the heartbeat gives up on the link; the node out of reach for a while; ``kill -9`` of
-the node and a new node on the same log behind the same address. Two durable
+the node and a new node on the same log behind the same address. The node's dedup
+window holds 64 keys (``--dedup-keys``): resends routinely come after their keys left
+it, so exactly-once rests on ``Recall`` and the producer fences. Two durable
 subscriptions are read meanwhile, one of every vchannel and one of vchannel "v" alone
 (a third of the plain producers write "w"): readers of each, one after another, take a
 few messages, acknowledge some and close.
@@ -58,6 +60,7 @@ ROUNDS = 3 * int(os.environ.get("WALSVC_SOAK", "1"))
 ROUND_SECONDS = 1.5
 PRODUCERS = 12
 TXN_PRODUCERS = 4
+WINDOW_FLAGS = ("--dedup-keys", "64")
 
 #: What a transaction call may raise under these faults, besides the caller's deadline:
 #: a call resent to a node restarted in between (it forgot the transaction) does not know
@@ -84,7 +87,7 @@ class _Node:
         self.url, self.process = self._start()
 
     def _start(self) -> tuple[str, subprocess.Popen[str]]:
-        return self._stack.enter_context(node_process(self.log_url))
+        return self._stack.enter_context(node_process(self.log_url, *WINDOW_FLAGS))
 
     def kill_and_restart(self) -> str:
         self.process.kill()

@@ -134,3 +134,32 @@ async def test_a_fresh_client_starts_from_the_tick_the_node_had_given(node: str)
         async with await walsvc.open_wal(node, pchannel, versions=(1, 2)) as old:
             assert isinstance(old, RemoteWAL)
             assert old.connection.seen_tick == 0  # version 2 says nothing
+
+
+async def test_a_connection_given_up_on_appends_nothing_after_its_producer_reconnects(
+    node: str,
+) -> None:
+    """The link goes silent with an append on its way; the client gives up on it, asks
+    the node (the append has not arrived: nil), and sends it again, where it lands.
+    Then the old link delivers the first copy late, after the window dropped the key:
+    the node refuses it (the producer's reopening fenced the old handle), so it lands
+    once."""
+    pchannel = f"p-{uuid.uuid4().hex[:10]}"
+    async with proxied(node) as (tcp, url):
+        async with await walsvc.open_wal(url, pchannel, heartbeat=0.1) as wal:
+            assert isinstance(wal, RemoteWAL)
+            await wal.append(Message(payload=b"first", vchannel="v"))
+            tcp.hold("up", "down")  # the old pair holds the append, both ways
+            late = asyncio.ensure_future(wal.append(Message(payload=b"late", vchannel="v")))
+            async with asyncio.timeout(30):
+                await late  # resent on a new connection after the heartbeat gave up
+            assert wal.connection.reconnects == 1
+            async with await walsvc.open_wal(node, pchannel) as other:
+                await other.append_many(
+                    [Message(payload=b"other-%d" % i, vchannel="v") for i in range(4 * WINDOW)]
+                )
+            tcp.release()  # the old pair delivers its copy of the append now
+            await wal.append(Message(payload=b"after", vchannel="v"))  # a round trip later
+            await asyncio.sleep(0.2)
+    mine = [p for p in await _payloads(node, pchannel) if not p.startswith(b"other-")]
+    assert mine == [b"first", b"late", b"after"]

@@ -147,8 +147,8 @@ class _ProducerKeys:
 
     __slots__ = ("_next", "_prefix")
 
-    def __init__(self) -> None:
-        self._prefix = f"{PRODUCER_KEY_PREFIX}{secrets.token_urlsafe(12)}."
+    def __init__(self, producer: str) -> None:
+        self._prefix = f"{PRODUCER_KEY_PREFIX}{producer}."
         self._next = 0
 
     def __call__(self, message: Message) -> str:
@@ -162,6 +162,11 @@ class _ProducerKeys:
                 f" producer keys over walsvc://, not {key!r}"
             )
         return key
+
+
+def _new_producer() -> str:
+    """A producer id: 16 random URL-safe characters."""
+    return secrets.token_urlsafe(12)
 
 
 def _check_user_message(message: Message) -> None:
@@ -198,7 +203,9 @@ class RemoteWAL(WAL):
         "_ids",
         "_keys",
         "_lc_ids",
+        "_opens",
         "_pchannel",
+        "_producer",
         "_read_only",
         "_scanners",
         "_scheme",
@@ -215,6 +222,7 @@ class RemoteWAL(WAL):
         window: tuple[int, int],
         *,
         exactly_once: bool = True,
+        producer: str | None = None,
     ) -> None:
         self._conn = conn
         self._handle = opened.wal
@@ -228,15 +236,21 @@ class RemoteWAL(WAL):
         self._lc_ids = _Ids(self._sequences)  # its own one-entry cache: lc ids repeat
         self._scanners: set[RemoteScanner] = set()
         self._window = window
-        self._keys = _ProducerKeys() if exactly_once else None
+        #: Who appends through this WAL (a random id; None if read-only), and how many
+        #: times it was opened: the node fences the handle of an earlier opening.
+        self._producer = producer
+        self._opens = 1
+        self._keys = _ProducerKeys(producer or _new_producer()) if exactly_once else None
         conn.saw_tick(opened.timetick)
         conn.on_reconnect(self._reopen)
 
     async def _reopen(self, conn: Connection) -> int:
         """Open this WAL again on a new socket of ``conn``; return its new handle."""
         request = conn.next_id()
+        self._opens += 1
         opened: Opened = await conn.direct(
-            OpenWal(request, self._pchannel, self._read_only), request
+            OpenWal(request, self._pchannel, self._read_only, self._producer, self._opens),
+            request,
         )
         self._handle = opened.wal
         self._term = opened.term
@@ -549,12 +563,19 @@ async def open_remote_wal(
         reconnect_timeout=float(reconnect_timeout),
         heartbeat=float(heartbeat),
     )
+    producer = None if read_only else _new_producer()
     try:
         request = conn.next_id()
-        opened: Opened = await conn.request(OpenWal(request, pchannel, read_only), request).future
+        opening = OpenWal(request, pchannel, read_only, producer, 1)
+        opened: Opened = await conn.request(opening, request).future
     except BaseException:
         await conn.aclose()
         raise
     return RemoteWAL(
-        conn, opened, pchannel, (window_messages, window_bytes), exactly_once=exactly_once
+        conn,
+        opened,
+        pchannel,
+        (window_messages, window_bytes),
+        exactly_once=exactly_once,
+        producer=producer,
     )

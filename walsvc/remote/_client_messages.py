@@ -67,11 +67,15 @@ class Hello(msgspec.Struct, array_like=True, frozen=True, tag=1):
 
 
 class OpenWal(msgspec.Struct, array_like=True, frozen=True, tag=2):
-    """Open ``pchannel`` on the node; answered by ``Opened`` or ``Failed``."""
+    """Open ``pchannel`` on the node; answered by ``Opened`` or ``Failed``. Version 3:
+    ``producer`` names who appends through the handle, and ``epoch`` counts its openings
+    (see ``walsvc.service._fences``: a later opening fences the earlier one's handle)."""
 
     request: int
     pchannel: str
     read_only: bool
+    producer: str | None = None
+    epoch: int = 0
 
 
 class Append(msgspec.Struct, array_like=True, frozen=True, tag=3):

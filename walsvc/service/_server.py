@@ -43,6 +43,7 @@ from walsvc.wal._open import open_wal
 from walsvc.wal._wal import LocalWAL
 
 from ._drain import DRAINING, drain_node
+from ._fences import ProducerFences
 from ._limits import Watchdog, keep_alive
 from ._session import Session
 from ._status import host_port, node_gauges, node_status
@@ -79,6 +80,8 @@ class NodeServer:
         self._wals: dict[str, LocalWAL] = {}
         #: The node's transactions, whichever connection began them.
         self.txns = NodeTxns()
+        #: Which connection each producer appends through (a reconnect fences the old).
+        self.producers = ProducerFences()
         self._opening: dict[str, asyncio.Task[LocalWAL]] = {}
         self._server: asyncio.Server | None = None
         self._address = ("", 0)

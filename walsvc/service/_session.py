@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import msgspec
 
-from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALReadOnly
+from walsvc.core._errors import CorruptRecord, InvalidArgument, WALError, WALFenced, WALReadOnly
 from walsvc.core._ids import unmarshal_message_id
 from walsvc.remote._frames import FrameWriter
 from walsvc.remote._protocol import (
@@ -91,6 +91,8 @@ class Session:
         self.connected_at = time.time()
         self.watchdog: Watchdog | None = None
         self.handles: dict[int, tuple[LocalWAL, bool]] = {}
+        #: Handles a reconnect of their producer fenced, with why (``_fences``).
+        self.fenced: dict[int, str] = {}
         self._next_handle = 1
         self.streams = Streams(writer, peer, version)
         self.in_flight = Requests(node.limits)
@@ -183,8 +185,16 @@ class Session:
     def _wal(self, handle: int) -> tuple[LocalWAL, bool]:
         found = self.handles.get(handle)
         if found is None:
+            if handle in self.fenced:
+                raise WALFenced(self.fenced[handle])
             raise InvalidArgument(f"no WAL is open with handle {handle} on this connection")
         return found
+
+    def fence(self, handle: int, reason: str) -> None:
+        """Refuse every later request on ``handle`` with ``WALFenced`` (``reason``): its
+        producer opened the WAL again on another connection. Its streams go on."""
+        if self.handles.pop(handle, None) is not None:
+            self.fenced[handle] = reason
 
     async def _open(self, request: OpenWal) -> None:
         try:
@@ -194,6 +204,12 @@ class Session:
             return
         handle = self._next_handle
         self._next_handle += 1
+        if request.producer is not None and not request.read_only:
+            try:
+                self.node.producers.claim(request.producer, request.epoch, self, handle)
+            except WALFenced as exc:
+                self.fail(request.request, exc)
+                return
         self.handles[handle] = (wal, request.read_only)
         scheme = self.node.url.partition("://")[0]
         tick = wal.last_timetick if self.version >= RECALL_VERSION else 0  # 0: not said
@@ -249,5 +265,6 @@ class Session:
 
     async def aclose(self) -> None:
         """Stop the streams; appends in flight finish (their answers go nowhere)."""
+        self.node.producers.release(self)
         await self.streams.end_all()
         self.handles.clear()
