@@ -57,7 +57,7 @@ async def test_an_append_is_acknowledged_only_with_its_own_records(paused_broker
     acknowledged append is delivered at the id it was acknowledged with."""
     url = paused_broker.url
     pchannel = fresh()
-    wal = await walsvc.open_wal(url, pchannel, request_timeout=2.0, interceptors=[])
+    wal = await walsvc.open_wal(url, pchannel, request_timeout=1.0, interceptors=[])
     try:
         acked: dict[str, walsvc.MessageId] = {}
         for i in range(3):
@@ -66,7 +66,7 @@ async def test_an_append_is_acknowledged_only_with_its_own_records(paused_broker
         first = await settle([wal.append(data(f"a{k}")) for k in range(8)])
         assert all(isinstance(r, walsvc.AppendOutcomeUnknown) for r in first), first
         second = [asyncio.ensure_future(wal.append(data(f"b{k}"))) for k in range(8)]
-        await asyncio.sleep(3.0)  # B's send has timed out; (old code) its resync is running
+        await asyncio.sleep(1.5)  # B's send has timed out; (old code) its resync is running
         paused_broker.resume()
         async with asyncio.timeout(HANG):
             for k, result in enumerate(await settle(second)):
@@ -109,7 +109,7 @@ async def test_closing_while_the_broker_does_not_answer(paused_broker: Any) -> N
     """The broker stops answering with appends in flight and queued and a scanner open:
     the WAL's close returns (within the hang guard) and raises nothing (it let a
     CancelledError from aiokafka's consumer out), and every append gets a WALError."""
-    wal = await walsvc.open_wal(paused_broker.url, fresh(), request_timeout=2.0)
+    wal = await walsvc.open_wal(paused_broker.url, fresh(), request_timeout=1.0)
     for i in range(10):
         await wal.append(data(f"a{i}"))
     backend = wal.backend
@@ -133,7 +133,7 @@ async def test_a_close_is_bounded_by_close_timeout(paused_broker: Any) -> None:
     queued appends): the append in flight fails with AppendOutcomeUnknown, the queued
     ones with WALClosed, and nothing raises."""
     wal = await walsvc.open_wal(
-        paused_broker.url, fresh(), request_timeout=60.0, close_timeout=1.0, interceptors=[]
+        paused_broker.url, fresh(), request_timeout=60.0, close_timeout=0.5, interceptors=[]
     )
     await wal.append(data("first"))
     paused_broker.pause()
@@ -151,14 +151,14 @@ async def test_a_close_is_bounded_by_close_timeout(paused_broker: Any) -> None:
 async def test_opening_waits_for_a_paused_broker_until_connect_timeout(
     paused_broker: Any,
 ) -> None:
-    """A broker paused when the WAL opens and resumed 3 s later: the open (each request
+    """A broker paused when the WAL opens and resumed 2 s later: the open (each request
     allowed 1 s) keeps trying until connect_timeout and succeeds."""
     paused_broker.pause()
     opening = asyncio.ensure_future(
         walsvc.open_wal(paused_broker.url, fresh(), request_timeout=1.0, connect_timeout=20.0)
     )
     try:
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(2.0)
         assert not opening.done(), opening
         paused_broker.resume()
         async with asyncio.timeout(HANG):

@@ -468,10 +468,12 @@ async def test_broker_restart_mid_stream(own_broker: PulsarLite) -> None:
     """Appends during the outage fail (typed, or by the caller's deadline); after the
     restart every key is retried until it succeeds, reopening the WAL when dedup blocked
     a key whose cancelled append it could not resolve. Every acked message is read back
-    once, in id order, and a retried key answers its original id."""
+    once, in id order, and a retried key answers its original id. The outage (five
+    appends, each given 0.5 s) lasts about as long as ``operation_timeout`` (2.5 s), so the
+    send of the first group in flight times out about when the broker comes back."""
     pch = pchannel()
     url = own_broker.url
-    wals = [await walsvc.open_wal(url, pch, operation_timeout=5.0)]
+    wals = [await walsvc.open_wal(url, pch, operation_timeout=2.5)]
     acked: dict[str, PulsarMessageId] = {}
     outage_outcomes: list[str] = []
 
@@ -495,14 +497,14 @@ async def test_broker_restart_mid_stream(own_broker: PulsarLite) -> None:
         for i in range(20):
             assert await append(i, HANG) == "ok"
         own_broker.stop()
-        outage_outcomes = [await append(i, 1.0) for i in range(20, 25)]
+        outage_outcomes = [await append(i, 0.5) for i in range(20, 25)]
         own_broker.start()
         for i in [*range(20, 25), 0, 5, 19]:
             async with asyncio.timeout(HANG):
                 while (outcome := await append(i, 10.0)) != "ok":
                     if outcome == "AppendOutcomeUnknown":  # the key is blocked: reopen
                         await wals[-1].aclose()
-                        wals.append(await walsvc.open_wal(url, pch, operation_timeout=5.0))
+                        wals.append(await walsvc.open_wal(url, pch, operation_timeout=2.5))
                     await asyncio.sleep(0.05)
         for i in range(25, 35):
             assert await append(i, HANG) == "ok"

@@ -105,7 +105,7 @@ async def test_an_append_is_acknowledged_only_with_its_own_messages(
     meanwhile, resumes with the broker. Every acknowledged append is delivered at the id
     it was acknowledged with: a group is recognised by its name, never by position."""
     pch = pchannel()
-    wal = await walsvc.open_wal(own_broker.url, pch, operation_timeout=2.0, interceptors=[])
+    wal = await walsvc.open_wal(own_broker.url, pch, operation_timeout=1.0, interceptors=[])
     acked: dict[str, walsvc.MessageId] = {}
     try:
         for i in range(3):
@@ -117,7 +117,8 @@ async def test_an_append_is_acknowledged_only_with_its_own_messages(
             )
         assert all(isinstance(r, walsvc.WALError) for r in first), first
         second = [asyncio.ensure_future(wal.append(data("b", k))) for k in range(8)]
-        await asyncio.sleep(3.0)  # B's sends have timed out; its outcome is being read
+        # B's reading of the log (the writer lost its end with A) has timed out, 1 s ago
+        await asyncio.sleep(2.0)
         own_broker.resume()
         async with asyncio.timeout(HANG):
             for k, result in enumerate(await settle(second)):
@@ -148,8 +149,13 @@ async def test_an_append_is_acknowledged_only_with_its_own_messages(
 async def test_closing_while_the_broker_does_not_answer(own_broker: PulsarLite) -> None:
     """The broker stops answering with appends in flight and queued and a scanner open:
     the WAL's close returns (within the hang guard), raises nothing, and every append
-    gets a WALError."""
-    wal = await walsvc.open_wal(own_broker.url, pchannel(), operation_timeout=3.0)
+    gets a WALError. The close lets appends go on for ``close_timeout`` (1 s): it gives up
+    on the group in flight while the writer reads the log after its failed send (sends
+    time out after ``operation_timeout``, 1 s after the pause; the read would give up 1 s
+    later)."""
+    wal = await walsvc.open_wal(
+        own_broker.url, pchannel(), operation_timeout=1.0, close_timeout=1.0
+    )
     try:
         for i in range(10):
             await wal.append(data("a", i))

@@ -182,6 +182,20 @@ async def test_closing_ends_a_waiting_read_at_once(
 # Readers that stop delivering
 
 
+#: The stall bound of the log's readers (``ForwardRead``: tail reads and writers) in the
+#: tests of a reader that stops delivering, instead of ``STALL`` (5 s): short enough not
+#: to wait out 5 s, long enough that a healthy reader on a slow machine never trips it.
+FORWARD_STALL = 1.0
+
+
+def shorten_forward_stalls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ForwardRead`` objects made from now on replace a reader after ``FORWARD_STALL``
+    seconds (its ``stall`` argument defaults to ``STALL`` as bound at definition, so
+    patching the module's ``STALL`` does not reach it)."""
+    forward_read = walsvc.backends._pulsar._log.ForwardRead
+    monkeypatch.setattr(forward_read.__init__, "__defaults__", (FORWARD_STALL,))
+
+
 def stall_the_next_reader(
     monkeypatch: pytest.MonkeyPatch,
     module: ModuleType = walsvc.backends._pulsar._log,
@@ -191,7 +205,8 @@ def stall_the_next_reader(
     """Fault injection: the next reader that ``module`` reads from (``_log``: tail reads
     and writers; ``_scanner``: scanners) stops delivering, as a reader the broker stopped
     serving: at once, or once it has delivered a message at or past ``after``.
-    ``STALL`` becomes 0.2 s there."""
+    ``STALL`` becomes 0.2 s there (for ``_log``: readers made from now on stall after
+    ``FORWARD_STALL``, see ``shorten_forward_stalls``)."""
     real_read_links = module.read_links
     stalled: list[Any] = []
     stopped = after is None
@@ -209,12 +224,14 @@ def stall_the_next_reader(
         return links
 
     monkeypatch.setattr(module, "STALL", 0.2)
+    if module is walsvc.backends._pulsar._log:
+        shorten_forward_stalls(monkeypatch)
     monkeypatch.setattr(module, "read_links", read_links)
 
 
 def silence_the_next_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection: the next reader asked whether more is available never answers;
-    ``STALL`` becomes 0.2 s for reads to a known end."""
+    readers of the log made from now on stall after ``FORWARD_STALL`` seconds."""
     real = OrderedReader.has_message_available
     silent: list[OrderedReader] = []
 
@@ -226,6 +243,7 @@ def silence_the_next_reader(monkeypatch: pytest.MonkeyPatch) -> None:
         return await real(self)
 
     monkeypatch.setattr(walsvc.backends._pulsar._log, "STALL", 0.2)
+    shorten_forward_stalls(monkeypatch)
     monkeypatch.setattr(OrderedReader, "has_message_available", has_message_available)
 
 
@@ -234,7 +252,7 @@ async def test_a_tail_read_replaces_a_stuck_reader(
     broker: PulsarLite, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     """The tail tracker's reader delivers nothing, or reads everything and then never
-    answers whether more is available: after ``STALL`` seconds a new reader resumes
+    answers whether more is available: after the stall bound a new reader resumes
     from the last position read, and the refresh still finds the newest message."""
     pch = pchannel()
     async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
@@ -255,6 +273,7 @@ async def test_a_writer_reading_the_log_replaces_a_reader_that_stops_delivering(
     """The new writer's first group lands after a straggler of the old writer, so the
     writer reads the log to find out what happened; that reader stalls and is replaced,
     and the group is still sent again after the straggler."""
+    shorten_forward_stalls(monkeypatch)  # before the writer (and its ForwardRead) is made
     pch = pchannel()
     old = await walsvc.open_wal(broker.url, pch, interceptors=[])
     new = await walsvc.open_wal(broker.url, pch, interceptors=[])
