@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import interceptors
 import walsvc
-from walsvc import HybridClock, ImmutableMessage, Message
+from walsvc import AppendResult, HybridClock, ImmutableMessage, Message
+from walsvc.core._chain import AppendBatchNext, AppendNext
 
-__all__ = ("FakeClock", "data", "log_of", "member", "open_manual", "whole_log")
+__all__ = (
+    "BatchSizes",
+    "FakeClock",
+    "HoldBatches",
+    "data",
+    "log_of",
+    "member",
+    "open_manual",
+    "whole_log",
+)
 
 
 class FakeClock:
@@ -78,3 +89,43 @@ async def take(scanner: walsvc.Scanner, count: int, within: float = 30) -> list[
             if len(taken) == count:
                 break
     return taken
+
+
+class BatchSizes:
+    """A pass-through interceptor (innermost) that records how appends reach it: the size
+    of every batch, and 1 for every single append."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        self.sizes.append(1)
+        return await call_next(message)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        self.sizes.append(len(messages))
+        return await call_next(messages)
+
+
+class HoldBatches(BatchSizes):
+    """``BatchSizes`` that also holds every append (``holding`` set) until ``release``
+    is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        self.holding.set()
+        await self.release.wait()
+        return await super().do_append(message, call_next)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        self.holding.set()
+        await self.release.wait()
+        return await super().do_append_batch(messages, call_next)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from _chain_support import BatchSizes
 
 import walsvc
 from interceptors import default_chain
@@ -16,24 +17,6 @@ from walsvc import AppendResult, Message, MessageTooLarge, MessageType, WALClose
 from walsvc.core._chain import AppendBatchNext, AppendNext
 
 PRODUCERS = 40
-
-
-class BatchSizes:
-    """A pass-through interceptor that records how messages reach it: the size of every
-    batch, and 1 for every single append."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
-        self.sizes.append(1)
-        return await call_next(message)
-
-    async def do_append_batch(
-        self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
-        self.sizes.append(len(messages))
-        return await call_next(messages)
 
 
 def message(n: int, size: int = 10) -> Message:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import _faulty
 import pytest
-from _chain_support import data, log_of, member
+from _chain_support import BatchSizes, HoldBatches, data, log_of, member
 
 import walsvc
 from interceptors import Dedup, default_chain
@@ -25,45 +25,6 @@ from walsvc.core._chain import AppendBatchNext, AppendNext
 _faulty.register()
 
 PRODUCERS = 40
-
-
-class BatchSizes:
-    """A pass-through interceptor (innermost) that records how appends reach it: the size
-    of every batch, and 1 for every single append."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
-        self.sizes.append(1)
-        return await call_next(message)
-
-    async def do_append_batch(
-        self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
-        self.sizes.append(len(messages))
-        return await call_next(messages)
-
-
-class HoldBatches(BatchSizes):
-    """``BatchSizes`` that also holds every append until ``release`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
-        self.holding = asyncio.Event()
-
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
-        self.holding.set()
-        await self.release.wait()
-        return await super().do_append(message, call_next)
-
-    async def do_append_batch(
-        self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
-        self.holding.set()
-        await self.release.wait()
-        return await super().do_append_batch(messages, call_next)
 
 
 async def open_observed(url: str, observer: BatchSizes, **options: object) -> walsvc.WAL:

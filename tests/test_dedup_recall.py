@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from _chain_support import data, log_of, member
+from _chain_support import HoldBatches, data, log_of, member
 
 import interceptors
 import walsvc
 from interceptors import Dedup
-from walsvc import AppendOutcomeUnknown, AppendResult, InvalidArgument, Message
-from walsvc.abc import AppendBatchNext, AppendNext
+from walsvc import AppendOutcomeUnknown, InvalidArgument
 
 
 def _small_window(keys: int = 8) -> list[walsvc.abc.ChainMember]:
@@ -55,28 +53,8 @@ async def test_without_a_dropped_key_the_window_answers_alone(url: str) -> None:
         assert await wal.recall_keys([("v1", "old")], old.timetick) == [old]
 
 
-class Hold:
-    """An interceptor (inside ``Dedup``) that holds every append until ``release``."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.holding = asyncio.Event()
-
-    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
-        self.holding.set()
-        await self.release.wait()
-        return await call_next(message)
-
-    async def do_append_batch(
-        self, messages: Sequence[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
-        self.holding.set()
-        await self.release.wait()
-        return await call_next(messages)
-
-
 async def test_a_key_in_flight_is_waited_for(url: str) -> None:
-    hold = Hold()
+    hold = HoldBatches()
     async with await walsvc.open_wal(url, "p0", interceptors=[*_small_window(), hold]) as wal:
         appending = asyncio.ensure_future(wal.append(data(b"x", idempotency_key="k")))
         await hold.holding.wait()  # claimed: in flight

@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from _chain_support import whole_log
 from _node_process import node_process
 from _tcp_proxy import TcpProxy, proxied
 
 import walsvc
-from walsvc import DeliverPolicy, Message
+from interceptors import Dedup
+from walsvc import Message, MessageType
 from walsvc.remote._client import RemoteWAL
 
 WINDOW = 16
@@ -29,20 +32,14 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield node_url
 
 
+async def _user_log(node: str, pchannel: str) -> list[walsvc.ImmutableMessage]:
+    """The messages appended to ``pchannel`` (no TimeTicks), read straight from the node."""
+    return [m for m in await whole_log(node, pchannel) if m.type != MessageType.TIME_TICK]
+
+
 async def _payloads(node: str, pchannel: str) -> list[bytes]:
-    """The payloads of ``pchannel``'s log, read straight from the node."""
-    async with await walsvc.open_wal(node, pchannel, read_only=True) as wal:
-        latest = await wal.latest_message_id()
-        found: list[bytes] = []
-        if latest is None:
-            return found
-        async with asyncio.timeout(30), wal.read(DeliverPolicy.all(), timeticks=True) as scanner:
-            async for message in scanner:
-                if message.type != walsvc.MessageType.TIME_TICK:
-                    found.append(message.payload)
-                if message.message_id == latest:
-                    break
-        return found
+    """The payloads of ``_user_log``."""
+    return [m.payload for m in await _user_log(node, pchannel)]
 
 
 async def _lose_answers_while_the_window_turns_over(
@@ -90,14 +87,7 @@ async def test_appends_whose_keys_left_the_window_land_once_after_a_reconnect(
     assert sorted(mine) == sorted(
         [b"first", *(b"lost-%d" % i for i in range(5)), *(b"many-%d" % i for i in range(3))]
     ), "an append landed twice (or not at all)"
-    async with await walsvc.open_wal(node, pchannel, read_only=True) as reader:
-        ids: dict[bytes, walsvc.MessageId] = {}
-        latest = await reader.latest_message_id()
-        async with reader.read(DeliverPolicy.all(), timeticks=True) as scanner:
-            async for message in scanner:
-                ids[message.payload] = message.message_id
-                if message.message_id == latest:
-                    break
+    ids = {m.payload: m.message_id for m in await _user_log(node, pchannel)}
     *singles, many = answers
     assert [r.message_id for r in singles] == [ids[b"lost-%d" % i] for i in range(5)]
     assert [r.message_id for r in many] == [ids[b"many-%d" % i] for i in range(3)]
@@ -163,3 +153,29 @@ async def test_a_connection_given_up_on_appends_nothing_after_its_producer_recon
             await asyncio.sleep(0.2)
     mine = [p for p in await _payloads(node, pchannel) if not p.startswith(b"other-")]
     assert mine == [b"first", b"late", b"after"]
+
+
+async def test_appends_the_node_cannot_tell_about_raise_outcome_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection in a node in this process (a log that cannot be read where the
+    window dropped keys): the appends whose answers were lost raise
+    ``AppendOutcomeUnknown`` and are not sent again; later appends go on."""
+
+    async def unreadable(self: Dedup, keys: object, since_tick: int) -> list[object]:
+        raise walsvc.AppendOutcomeUnknown("the log cannot be read there (injected)")
+
+    monkeypatch.setattr(Dedup, "recall", unreadable)
+    async with walsvc.serve(f"file://{tmp_path}") as server, proxied(server.node_url) as (tcp, url):
+        pchannel = f"p-{uuid.uuid4().hex[:10]}"
+        async with await walsvc.open_wal(url, pchannel) as wal:
+            tcp.hold("down")
+            lost = asyncio.ensure_future(wal.append(Message(payload=b"lost", vchannel="v")))
+            async with asyncio.timeout(10):
+                while not await _payloads(server.node_url, pchannel):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            tcp.cut()
+            with pytest.raises(walsvc.AppendOutcomeUnknown, match="cannot tell whether it landed"):
+                await lost
+            await wal.append(Message(payload=b"next", vchannel="v"))
+        assert await _payloads(server.node_url, pchannel) == [b"lost", b"next"]

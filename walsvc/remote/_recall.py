@@ -78,6 +78,8 @@ async def recall(conn: Connection, handle: int) -> None:
         except AppendOutcomeUnknown as exc:
             for asked_request, pending, _ in chunk:
                 conn._answered(asked_request)
+                if pending.future.done():
+                    continue  # given up on (cancelled) meanwhile
                 pending.future.set_exception(
                     AppendOutcomeUnknown(
                         f"the answer to the append was lost with the connection to"
