@@ -66,7 +66,7 @@ from ._dedup_window import (
     result_of,
     settled_key,
 )
-from ._reading import read_through, retained
+from ._reading import read_through
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
 
@@ -559,8 +559,6 @@ class Dedup:
         latest = await context.latest_message_id()
         if latest is None or (floor is not None and latest < floor):
             return found
-        if not await retained(context, latest):
-            return found  # truncated through the newest message: the keys went with it
         start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
         async for message in read_through(context, start, latest, 0):
             key = settled_key(message)
@@ -621,7 +619,7 @@ class Dedup:
 
         try:
             latest = await context.latest_message_id()
-            if latest is None or not await retained(context, latest):
+            if latest is None:
                 return found
             start = await context.start_at_timetick(since_tick)
             try:

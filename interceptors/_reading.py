@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 
 from walsvc.core._chain import InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
-from walsvc.core._errors import WALTruncated
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage
 
-__all__ = ("read_through", "retained")
+__all__ = ("read_through",)
 
 
 async def read_through(
@@ -30,17 +29,3 @@ async def read_through(
     finally:
         await scanner.aclose()
 
-
-async def retained(context: InterceptorContext, last: MessageId) -> bool:
-    """Whether ``last`` (the newest message) is still in the log. ``read_through`` up to
-    a message truncated away would wait for it until something newer is appended: the
-    paths that may run after a truncation and before the next append ask this first
-    (it opens one more scanner, which on a broker backend is a consumer)."""
-    scanner = context.read(DeliverPolicy.start_from(last))
-    try:
-        await anext(scanner)
-    except WALTruncated:
-        return False
-    finally:
-        await scanner.aclose()
-    return True
