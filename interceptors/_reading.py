@@ -28,4 +28,3 @@ async def read_through(
                 return
     finally:
         await scanner.aclose()
-
