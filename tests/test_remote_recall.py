@@ -179,3 +179,18 @@ async def test_appends_the_node_cannot_tell_about_raise_outcome_unknown(
                 await lost
             await wal.append(Message(payload=b"next", vchannel="v"))
         assert await _payloads(server.node_url, pchannel) == [b"lost", b"next"]
+
+
+async def test_the_node_forgets_a_producer_when_its_connection_closes(tmp_path: Path) -> None:
+    """One fence entry per producer that has a connection: none left once they close
+    (read-only openers name no producer)."""
+    async with walsvc.serve(f"file://{tmp_path}") as server:
+        pchannel = f"p-{uuid.uuid4().hex[:10]}"
+        wals = [await walsvc.open_wal(server.node_url, pchannel) for _ in range(3)]
+        reader = await walsvc.open_wal(server.node_url, pchannel, read_only=True)
+        assert len(server.producers) == 3
+        for wal in [*wals, reader]:
+            await wal.aclose()
+        async with asyncio.timeout(10):
+            while len(server.producers):  # noqa: ASYNC110 (the node closes them in turn)
+                await asyncio.sleep(0.01)

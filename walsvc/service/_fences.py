@@ -55,9 +55,12 @@ class ProducerFences:
                     f" (epoch {held_epoch}) may append no more",
                 )
         self._holders[producer] = (epoch, session, handle)
+        session.producers.add(producer)
 
     def release(self, session: Session) -> None:
         """Forget the producers whose latest opening is ``session``'s (it closed)."""
-        gone = [p for p, (_, holder, _) in self._holders.items() if holder is session]
-        for producer in gone:
-            del self._holders[producer]
+        for producer in session.producers:
+            held = self._holders.get(producer)
+            if held is not None and held[1] is session:
+                del self._holders[producer]
+        session.producers.clear()

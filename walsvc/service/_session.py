@@ -93,6 +93,8 @@ class Session:
         self.handles: dict[int, tuple[LocalWAL, bool]] = {}
         #: Handles a reconnect of their producer fenced, with why (``_fences``).
         self.fenced: dict[int, str] = {}
+        #: The producers that opened a WAL through this connection (``_fences``).
+        self.producers: set[str] = set()
         self._next_handle = 1
         self.streams = Streams(writer, peer, version)
         self.in_flight = Requests(node.limits)
