@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 __all__ = ("RECALL_KEYS", "recall")
 
 _decode: Final = msgspec.msgpack.Decoder(ClientMessage).decode
-#: The most keys one ``Recall`` asks about (a frame of them stays well under a MiB).
+#: The most keys one ``Recall`` asks about, unless one ``AppendMany`` alone has more (it
+#: goes in a ``Recall`` of its own): a frame of them stays well under a MiB.
 RECALL_KEYS: Final = 8192
 
 
@@ -93,8 +94,8 @@ async def recall(conn: Connection, handle: int) -> None:
                 f" Recall of {len(keys)} keys"
             )
         results = iter(answer.results)
-        for asked_request, pending, keys in chunk:
-            found = [r for r in itertools.islice(results, len(keys)) if r is not None]
-            if len(found) == len(keys) and not pending.future.done():
+        for asked_request, pending, its_keys in chunk:
+            found = [r for r in itertools.islice(results, len(its_keys)) if r is not None]
+            if len(found) == len(its_keys) and not pending.future.done():
                 conn._answered(asked_request)
                 pending.future.set_result(Appended(asked_request, found))
