@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from itertools import repeat
 from typing import Any, Final, TypeVar, final
 
@@ -560,10 +560,7 @@ class Dedup:
         if latest is None or (floor is not None and latest < floor):
             return found
         start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
-        async for message in read_through(context, start, latest, 0):
-            key = settled_key(message)
-            if key in keys and key not in found:
-                found[key] = result_of(message)
+        await _note_first_results(read_through(context, start, latest, 0), keys, found)
         return found
 
     # -- recalling keys the window may have dropped ---------------------------------------
@@ -582,24 +579,27 @@ class Dedup:
         knows that nothing it sends again was sent before a timetick it had seen:
         answered from here, its appends land once however many keys the window
         dropped meanwhile. Raises ``AppendOutcomeUnknown`` if it cannot be told: the
-        log cannot be read there (damaged, or truncated past ``since_tick``), or a
-        key's earlier outcome is still unknown (blocked)."""
+        log cannot be read there (damaged), or a key's earlier outcome is still unknown
+        (blocked). Keys of truncated messages are forgotten, as on open."""
         await self.wait_rebuilt()
         wanted = [key_of(vchannel, key) for vchannel, key in keys]
         self._keys.hold(wanted)
         try:
             results = [await self._settled_held(key, False) for key in wanted]
-            missing = {key: i for i, key in enumerate(wanted) if results[i] is None}
+            missing = {key for key, result in zip(wanted, results, strict=True) if not result}
             if not missing or since_tick >= self._keys.forgotten_below:
                 return results  # the window holds every key settled since then
             # forgotten_below is at most a settled key's tick + 1, and the newest message
             # in the log has a tick at least that: the read below reaches it.
-            for key, result in (await self._find_since(set(missing), since_tick)).items():
-                results[missing[key]] = result
+            found = await self._find_since(missing, since_tick)
+            for key, result in found.items():
                 if key not in self._window:  # else claimed meanwhile: the claim stays
                     self._window[key] = result
                     self._keys.order.append(key)
-            return results
+            # a key asked twice is answered twice
+            return [
+                r if r is not None else found.get(k) for k, r in zip(wanted, results, strict=True)
+            ]
         finally:
             self._keys.unhold(wanted)
             self._keys.evict()
@@ -611,23 +611,19 @@ class Dedup:
         open forgets them."""
         context = self._bound()
         found: dict[Key, AppendResult] = {}
-
-        def note(message: ImmutableMessage) -> None:
-            key = settled_key(message)
-            if key in keys and key not in found:
-                found[key] = result_of(message)
-
         try:
             latest = await context.latest_message_id()
             if latest is None:
                 return found
             start = await context.start_at_timetick(since_tick)
             try:
-                async for message in read_through(context, start, latest, since_tick):
-                    note(message)
+                await _note_first_results(
+                    read_through(context, start, latest, since_tick), keys, found
+                )
             except WALTruncated:  # truncated meanwhile: what is retained is all there is
-                async for message in read_through(context, DeliverPolicy.all(), latest, since_tick):
-                    note(message)
+                await _note_first_results(
+                    read_through(context, DeliverPolicy.all(), latest, since_tick), keys, found
+                )
         except (WALError, OSError) as exc:
             raise AppendOutcomeUnknown(
                 f"whether {len(keys)} appends sent again landed cannot be told: the dedup"
@@ -663,6 +659,17 @@ class Dedup:
             self._rebuild.cancel()
         if self._owners:
             await asyncio.wait(list(self._owners))
+
+
+async def _note_first_results(
+    messages: AsyncIterator[ImmutableMessage], keys: set[Key], found: dict[Key, AppendResult]
+) -> None:
+    """Put into ``found`` the result of the first of ``messages`` that settles each of
+    ``keys`` (keys already in ``found`` keep theirs)."""
+    async for message in messages:
+        key = settled_key(message)
+        if key in keys and key not in found:
+            found[key] = result_of(message)
 
 
 def _kind_mismatch(key: Key, names_txn: bool) -> InvalidArgument:

@@ -110,3 +110,12 @@ async def test_a_chain_without_a_window_refuses() -> None:
     async with await walsvc.open_wal(f"memory://{uuid.uuid4().hex}", "p0", interceptors=[]) as wal:
         with pytest.raises(InvalidArgument, match="remembers no idempotency keys"):
             await wal.recall_keys([("v1", "k")], 0)
+
+
+async def test_a_key_asked_twice_is_answered_twice(url: str) -> None:
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window(2)) as wal:
+        seen = (await wal.append(data(b"before"))).timetick
+        first = await wal.append(data(b"x", idempotency_key="k"))
+        for i in range(6):  # the window drops "k"
+            await wal.append(data(b"x", idempotency_key=f"o{i}"))
+        assert await wal.recall_keys([("v1", "k"), ("v1", "k")], seen) == [first, first]
