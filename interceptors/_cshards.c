@@ -504,18 +504,168 @@ static PyTypeObject KeyQueueType = {
     .tp_hash = PyObject_HashNotImplemented,
 };
 
+/* ---- the window's batch loops ------------------------------------------------------ */
+
+static PyObject *str_vchannel, *str_idempotency_key, *str_timetick;
+
+/* The window key of one message (key_of in interceptors/_dedup_window.py: the vchannel,
+ * NUL, the key), new; Py_None (borrowed) if the message takes the Python path: no key,
+ * a key or vchannel not an exact str, or a vchannel with a NUL (key_of's tuple form). */
+static PyObject *
+window_key(PyObject *message)
+{
+    PyObject *vchannel = NULL, *key = NULL, *joined = Py_None;
+    if ((key = PyObject_GetAttr(message, str_idempotency_key)) == NULL ||
+        (vchannel = PyObject_GetAttr(message, str_vchannel)) == NULL) {
+        joined = NULL;
+        goto done;
+    }
+    if (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(vchannel)) {
+        goto done;
+    }
+    Py_ssize_t nv = PyUnicode_GET_LENGTH(vchannel), nk = PyUnicode_GET_LENGTH(key);
+    if (PyUnicode_IS_COMPACT_ASCII(vchannel) && PyUnicode_IS_COMPACT_ASCII(key)) {
+        const char *v = (const char *)PyUnicode_DATA(vchannel);
+        if (memchr(v, 0, (size_t)nv) != NULL) {
+            goto done;
+        }
+        joined = PyUnicode_New(nv + 1 + nk, 127);
+        if (joined != NULL) {
+            char *out = (char *)PyUnicode_DATA(joined);
+            memcpy(out, v, (size_t)nv);
+            out[nv] = 0;
+            memcpy(out + nv + 1, PyUnicode_DATA(key), (size_t)nk);
+        }
+        goto done;
+    }
+    Py_ssize_t nul = PyUnicode_FindChar(vchannel, 0, 0, nv, 1);
+    if (nul == -2) {
+        joined = NULL;
+    }
+    else if (nul == -1) {
+        PyObject *sep = PyUnicode_FromOrdinal(0), *head = NULL;
+        if (sep != NULL && (head = PyUnicode_Concat(vchannel, sep)) != NULL) {
+            joined = PyUnicode_Concat(head, key);
+        }
+        else {
+            joined = NULL;
+        }
+        Py_XDECREF(sep);
+        Py_XDECREF(head);
+    }
+done:
+    Py_XDECREF(vchannel);
+    Py_XDECREF(key);
+    return joined;
+}
+
+static PyObject *
+window_keys(PyObject *Py_UNUSED(module), PyObject *messages)
+{
+    PyObject *seq = PySequence_Fast(messages, "window_keys takes a sequence of messages");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *keys = PyList_New(n);
+    for (Py_ssize_t i = 0; keys != NULL && i < n; i++) {
+        PyObject *key = window_key(PySequence_Fast_GET_ITEM(seq, i));
+        if (key == NULL || key == Py_None) {
+            Py_SETREF(keys, key == NULL ? NULL : Py_NewRef(Py_None));
+            break;
+        }
+        PyList_SET_ITEM(keys, i, key);
+    }
+    Py_DECREF(seq);
+    return keys;
+}
+
+static PyObject *
+evict_settled(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyObject_TypeCheck(args[0], &KeyQueueType) ||
+        !PyObject_TypeCheck(args[1], &ShardedDictType) || !PyType_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "evict_settled(order: KeyQueue, slots: ShardedDict,"
+                                         " max_keys: int, horizon: int, settled: type)");
+        return NULL;
+    }
+    KeyQueue *order = (KeyQueue *)args[0];
+    ShardedDict *slots = (ShardedDict *)args[1];
+    Py_ssize_t max_keys = PyLong_AsSsize_t(args[2]);
+    long long horizon = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    long long newest = -1;
+    while (order->len > 0) {
+        PyObject *key = order->items[order->head];
+        PyObject *shard = shard_of(slots, key);
+        if (shard == NULL) {
+            return NULL;
+        }
+        PyObject *slot = PyDict_GetItemWithError(shard, key); /* borrowed */
+        if (slot == NULL) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            break; /* not the window's: the Python loop knows why */
+        }
+        if (Py_TYPE(slot) != (PyTypeObject *)args[4]) {
+            break; /* an Entry: in flight, blocked or a transaction's */
+        }
+        PyObject *tick_object = PyObject_GetAttr(slot, str_timetick);
+        if (tick_object == NULL) {
+            return NULL;
+        }
+        long long tick = PyLong_AsLongLong(tick_object);
+        Py_DECREF(tick_object);
+        if (tick == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (slots->len <= max_keys && tick >= horizon) {
+            break; /* young enough, and the window is within its bound */
+        }
+        if (PyDict_DelItem(shard, key) < 0) {
+            return NULL;
+        }
+        slots->len -= 1;
+        Py_DECREF(queue_popleft(order, NULL)); /* key: the window's reference to it */
+        if (tick > newest) {
+            newest = tick;
+        }
+    }
+    return PyLong_FromLongLong(newest);
+}
+
+static PyMethodDef module_methods[] = {
+    {"window_keys", (PyCFunction)window_keys, METH_O,
+     "window_keys(messages): each message's window key, or None if one takes the Python "
+     "path (no key, not str, a vchannel with NUL)."},
+    {"evict_settled", (PyCFunction)(void (*)(void))evict_settled, METH_FASTCALL,
+     "evict_settled(order, slots, max_keys, horizon, settled): drop the oldest keys whose "
+     "slot is of type settled while the window is over max_keys or their timetick is below "
+     "horizon; return the newest timetick dropped, or -1."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "interceptors._cshards",
     .m_doc = "ShardedDict and KeyQueue, compiled (optional: the dedup window then is one "
              "dict and a deque).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC
 PyInit__cshards(void)
 {
     if (PyType_Ready(&ShardedDictType) < 0 || PyType_Ready(&KeyQueueType) < 0) {
+        return NULL;
+    }
+    if ((str_vchannel = PyUnicode_InternFromString("vchannel")) == NULL ||
+        (str_idempotency_key = PyUnicode_InternFromString("idempotency_key")) == NULL ||
+        (str_timetick = PyUnicode_InternFromString("timetick")) == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);

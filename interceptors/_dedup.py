@@ -40,7 +40,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from itertools import repeat
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, TypeVar, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
@@ -67,6 +67,7 @@ from ._dedup_window import (
     settled_key,
 )
 from ._reading import read_through
+from ._shards import window_keys
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
 
@@ -220,10 +221,13 @@ class Dedup:
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> list[AppendResult]:
         window = self._window
-        keys = [
-            None if m.idempotency_key is None else key_of(m.vchannel, m.idempotency_key)
-            for m in messages
-        ]
+        # Every message's key in one C loop; None if one has no key or a NUL in its vchannel.
+        keys = cast("list[Key | None] | None", window_keys(messages))
+        if keys is None:
+            keys = [
+                None if m.idempotency_key is None else key_of(m.vchannel, m.idempotency_key)
+                for m in messages
+            ]
         if None not in keys and self._rebuilt():  # the usual batch: keyed, every key new
             entry = Entry(self._bound().last_confirmed_id(), False)
             new: list[Key] = keys  # type: ignore[assignment]  # no None in it

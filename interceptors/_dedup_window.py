@@ -25,7 +25,7 @@ import msgspec
 from walsvc.core._ids import MessageId
 from walsvc.core._message import AppendResult, ImmutableMessage, MessageType
 
-from ._shards import KeyQueue, Queue, ShardedDict, Table
+from ._shards import KeyQueue, Queue, ShardedDict, Table, evict_settled
 
 __all__ = (
     "Entry",
@@ -200,6 +200,10 @@ class Window:
         horizon = self.last_tick() - self.age_ticks
         max_keys = self.max_keys
         held = self.held
+        if not stale and not held:  # the usual case: the settled keys first, in a C loop
+            newest = evict_settled(order, window, max_keys, horizon, AppendResult)
+            if newest >= self.forgotten_below:
+                self.forgotten_below = newest + 1
         while order:
             key = order[0]
             if stale:

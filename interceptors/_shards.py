@@ -17,15 +17,20 @@ generation reads every key: 23.5 ms for the first young collection after filling
 million-key window on ``file://``). ``Queue`` is what the window uses of it, the deque
 operations it answers as a deque does. ``KeyQueue(capacity)`` reserves room for that
 many keys. Without the C compiler it is a deque.
+
+Two loops of the window over a whole batch are compiled too, with the same results
+without the compiler: ``window_keys`` (the window key of each message of a batch) and
+``evict_settled`` (eviction of the oldest settled keys). Per message in Python they
+were a third of a remote node's work per ``append_many`` of 100 keyed messages.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-__all__ = ("KeyQueue", "Queue", "ShardedDict", "Table")
+__all__ = ("KeyQueue", "Queue", "ShardedDict", "Table", "evict_settled", "window_keys")
 
 _K = TypeVar("_K", contravariant=True)
 _V = TypeVar("_V")
@@ -61,8 +66,44 @@ def _deque_queue(capacity: int = 0) -> Queue[Any]:
     return deque()
 
 
+def _window_keys(messages: Sequence[Any]) -> list[str] | None:
+    """The window key of each message (``vchannel + "\0" + idempotency_key``), or None if
+    one takes the slow path: no key, a key or vchannel not a str, a NUL in the vchannel."""
+    keys = []
+    for message in messages:
+        vchannel, key = message.vchannel, message.idempotency_key
+        if type(key) is not str or type(vchannel) is not str or "\0" in vchannel:
+            return None
+        keys.append(f"{vchannel}\0{key}")
+    return keys
+
+
+def _evict_settled(
+    order: Queue[Any], slots: Table[Any, Any], max_keys: int, horizon: int, settled: type
+) -> int:
+    """Drop the oldest keys whose slot is a ``settled`` (an ``AppendResult``: not in
+    flight) while the table holds more than ``max_keys`` or their timetick is below
+    ``horizon``; stop at the first other slot. Return the newest timetick dropped, or
+    -1 if none was."""
+    newest = -1
+    while order:
+        key = order[0]
+        slot = slots.get(key)
+        if type(slot) is not settled:
+            break
+        tick: int = getattr(slot, "timetick")  # noqa: B009  # settled: AppendResult
+        if len(slots) <= max_keys and tick >= horizon:
+            break
+        del slots[key]
+        order.popleft()
+        newest = max(newest, tick)
+    return newest
+
+
 ShardedDict = dict
 KeyQueue: Callable[[int], Queue[Any]] = _deque_queue
+window_keys: Callable[[Sequence[Any]], list[str] | None] = _window_keys
+evict_settled: Callable[[Queue[Any], Table[Any, Any], int, int, type], int] = _evict_settled
 if not TYPE_CHECKING:  # the type checker reads dict: what the compiled one answers as
     try:
         from . import _cshards
@@ -71,3 +112,5 @@ if not TYPE_CHECKING:  # the type checker reads dict: what the compiled one answ
     else:
         ShardedDict = _cshards.ShardedDict
         KeyQueue = _cshards.KeyQueue
+        window_keys = _cshards.window_keys
+        evict_settled = _cshards.evict_settled

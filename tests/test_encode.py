@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import walsvc.core._compiled
 from walsvc import Message, TxnContext
 from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._chain import KEYED_BATCH, MIXED_BATCH, PLAIN_BATCH, user_batch_kind
 from walsvc.core._encode import (
     are_keyed,
     are_plain,
@@ -21,6 +22,7 @@ from walsvc.core._encode import (
     keyed_ext_prefix,
     last_confirmed_ext,
 )
+from walsvc.core._message import SYSTEM_TYPES
 
 
 class _MessageSubclass(Message):
@@ -83,6 +85,30 @@ def test_the_compiled_plain_batch_check_agrees_with_the_python_one(
     assert walsvc.core._compiled.are_plain is not None, "Message's fields were not bound"
     assert are_plain(messages, max_payload) is expected
     assert in_python(are_plain, messages, max_payload) is expected
+
+
+@given(
+    st.lists(
+        st.one_of(
+            _maybe_plain(Message),
+            _maybe_plain(_MessageSubclass),
+            st.builds(Message, payload=st.just(b""), vchannel=st.just("v"), type=MESSAGE_TYPES),
+        ),
+        max_size=5,
+    )
+)
+def test_the_compiled_user_batch_kind_agrees_with_the_python_one(messages: list[Message]) -> None:
+    """``user_batch_kind``: PLAIN_BATCH if every message is a Message itself, without
+    txn, of no system type and without a key; KEYED_BATCH if so but some have a key;
+    MIXED_BATCH otherwise."""
+    user = all(
+        type(m) is Message and m.txn is None and m.type not in SYSTEM_TYPES for m in messages
+    )
+    keyed = any(m.idempotency_key is not None for m in messages)
+    expected = MIXED_BATCH if not user else KEYED_BATCH if keyed else PLAIN_BATCH
+    assert walsvc.core._compiled.user_batch_kind is not None, "Message's fields were not bound"
+    assert user_batch_kind(messages) == expected
+    assert in_python(user_batch_kind, messages) == expected
 
 
 #: Keys across every msgpack str form (fixstr < 32 bytes, str8, str16, str32), some not ASCII.

@@ -174,3 +174,54 @@ def test_the_key_queue_grows_shrinks_and_is_not_tracked() -> None:
     assert popped == keys[:4990]
     assert rest == [*keys[4990:], "last"]
     assert after == held - 1  # the queue let its keys go
+
+
+_vchannels = st.sampled_from(["", "v0", "vé", "v\0x", "ch-1"])
+_idem_keys = st.one_of(st.none(), st.sampled_from(["k", "ké", "~p.1f", ""]))
+
+
+@given(st.lists(st.tuples(_vchannels, _idem_keys), max_size=6))
+def test_the_compiled_window_keys_are_key_of(pairs: list[tuple[str, str | None]]) -> None:
+    """``window_keys`` (C) answers as its Python twin and as ``key_of`` per message:
+    None for a batch with a message without a key or with a NUL in its vchannel."""
+    from interceptors import _shards
+    from walsvc import Message
+
+    messages = [Message(payload=b"", vchannel=v, idempotency_key=k) for v, k in pairs]
+    compiled = _shards.window_keys(messages)
+    assert compiled == _shards._window_keys(messages)
+    if all(k is not None and "\0" not in v for v, k in pairs):
+        assert compiled == [key_of(v, k) for v, k in pairs if k is not None]
+    else:
+        assert compiled is None
+
+
+@given(
+    st.lists(st.one_of(st.integers(0, 30), st.none()), max_size=40),
+    st.integers(0, 45),
+    st.integers(0, 35),
+)
+def test_the_compiled_eviction_answers_as_its_python_twin(
+    ticks: list[int | None], max_keys: int, horizon: int
+) -> None:
+    """``evict_settled`` (C) drops the same keys as its Python twin and returns the same
+    newest tick: settled keys (an ``AppendResult`` with a tick; None here: an ``Entry``,
+    where it stops) while the window is over ``max_keys`` or older than ``horizon``."""
+    from interceptors import _shards
+    from interceptors._dedup_window import Entry
+    from walsvc.core._message import AppendResult
+
+    def window(make_table: Any, make_queue: Any) -> tuple[Any, Any]:
+        table, order = make_table(), make_queue(len(ticks))
+        for i, tick in enumerate(ticks):
+            table[f"k{i}"] = Entry(None, False) if tick is None else AppendResult(i, tick)
+            order.append(f"k{i}")
+        return table, order
+
+    c_table, c_order = window(ShardedDict, KeyQueue)
+    p_table, p_order = window(dict, _shards._deque_queue)
+    newest = _shards.evict_settled(c_order, c_table, max_keys, horizon, AppendResult)
+    assert newest == _shards._evict_settled(p_order, p_table, max_keys, horizon, AppendResult)
+    assert list(c_order) == list(p_order)
+    assert len(c_table) == len(p_table)
+    assert all(key in c_table for key in p_order)

@@ -12,14 +12,18 @@ append after ``call_next`` returned successfully, because the message is then in
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Final, Protocol, TypeAlias, runtime_checkable
 
+from . import _compiled
 from ._deliver import DeliverPolicy
 from ._filter import Filter
 from ._ids import MessageId
-from ._message import AppendResult, ImmutableMessage, Message
+from ._message import SYSTEM_TYPES, AppendResult, ImmutableMessage, Message
 
 __all__ = (
+    "KEYED_BATCH",
+    "MIXED_BATCH",
+    "PLAIN_BATCH",
     "AppendBatchNext",
     "AppendNext",
     "BatchInterceptor",
@@ -42,6 +46,7 @@ __all__ = (
     "manages_transactions",
     "passes_plain_messages",
     "plain_admitters",
+    "user_batch_kind",
 )
 
 
@@ -319,6 +324,31 @@ def is_plain(message: Message) -> bool:
     """True for a message without an idempotency key or a transaction context: most
     appends, and the ones interceptors marked ``passes_plain_messages`` never see."""
     return message.idempotency_key is None and message.txn is None
+
+
+#: ``user_batch_kind``'s answers.
+PLAIN_BATCH: Final = 0
+KEYED_BATCH: Final = 1
+MIXED_BATCH: Final = -1
+
+
+def user_batch_kind(messages: list[Message]) -> int:
+    """``PLAIN_BATCH`` if every message is a ``Message`` itself (not a subclass) without a
+    transaction context, of a type that is not a system type, and ``is_plain``;
+    ``KEYED_BATCH`` if every one is such a message but some carry an idempotency key;
+    ``MIXED_BATCH`` otherwise (the caller checks each message). One C loop when walsvc
+    was built with ``walsvc/core/_speedups.c``."""
+    if _compiled.user_batch_kind is not None:
+        return _compiled.user_batch_kind(messages, SYSTEM_TYPES)
+    kind = PLAIN_BATCH
+    for message in messages:
+        if type(message) is not Message or message.txn is not None:
+            return MIXED_BATCH
+        if message.type in SYSTEM_TYPES:
+            return MIXED_BATCH
+        if message.idempotency_key is not None:
+            kind = KEYED_BATCH
+    return kind
 
 
 def passes_plain_messages(member: ChainMember) -> bool:

@@ -16,6 +16,7 @@ __all__ = (
     "gather_payloads",
     "match_hashes",
     "numbered_strings",
+    "user_batch_kind",
 )
 
 decode_columns_into: Callable[..., None] | None
@@ -32,13 +33,14 @@ match_hashes: (
 )
 are_plain: Callable[[list[Any], int], bool] | None
 are_keyed: Callable[[list[Any], int], bool] | None
+user_batch_kind: Callable[[list[Any], frozenset[Any]], int] | None
 
 try:
     from . import _speedups
 except ImportError:
     decode_columns_into = gather_payloads = numbered_strings = match_hashes = None
     encode_plain_batch = encode_plain_one = are_plain = None
-    encode_keyed_batch = are_keyed = None
+    encode_keyed_batch = are_keyed = user_batch_kind = None
 else:
     decode_columns_into = _speedups.decode_columns_into
     gather_payloads = _speedups.gather_payloads
@@ -55,8 +57,9 @@ else:
         are_plain = _speedups.are_plain
         are_keyed = _speedups.are_keyed
         encode_keyed_batch = _speedups.encode_keyed_batch
+        user_batch_kind = _speedups.user_batch_kind
     else:
-        are_plain = are_keyed = encode_keyed_batch = None
+        are_plain = are_keyed = encode_keyed_batch = user_batch_kind = None
 
 
 def available() -> dict[str, Any]:

@@ -429,6 +429,37 @@ are_keyed(PyObject *Py_UNUSED(module), PyObject *args)
     return check_batch(args, 1);
 }
 
+/* user_batch_kind: 0 if every message is exactly the bound Message, without txn, of a type
+ * not in system_types and without a key; 1 if so but some carry a key; -1 otherwise. */
+static PyObject *
+user_batch_kind(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *messages, *system_types;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &messages, &PyFrozenSet_Type,
+                          &system_types)) {
+        return NULL;
+    }
+    if (bound_type == NULL) {
+        return PyLong_FromLong(-1);
+    }
+    long kind = 0;
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *message = PyList_GET_ITEM(messages, i);
+        if (Py_TYPE(message) != bound_type || slot_of(message, F_TXN) != Py_None) {
+            return PyLong_FromLong(-1);
+        }
+        int system = PySet_Contains(system_types, slot_of(message, F_TYPE));
+        if (system != 0) {
+            return system < 0 ? NULL : PyLong_FromLong(-1);
+        }
+        if (slot_of(message, F_KEY) != Py_None) {
+            kind = 1;
+        }
+    }
+    return PyLong_FromLong(kind);
+}
+
 static void
 write16(unsigned char *p, uint16_t v)
 {
@@ -843,6 +874,9 @@ static PyMethodDef methods[] = {
      "The envelopes of a batch of messages with or without keys, see the module comment."},
     {"are_plain", are_plain, METH_VARARGS,
      "Whether encode_plain_batch can take a batch, see the module comment."},
+    {"user_batch_kind", user_batch_kind, METH_VARARGS,
+     "user_batch_kind(messages, system_types): 0 if all are plain user messages, 1 if all are "
+     "user messages and some keyed, -1 otherwise (check each)."},
     {"are_keyed", are_keyed, METH_VARARGS,
      "Whether encode_keyed_batch can take a batch, see the module comment."},
     {"numbered_strings", numbered_strings, METH_VARARGS,

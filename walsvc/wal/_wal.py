@@ -21,6 +21,8 @@ from walsvc.backends._base import Backend
 from walsvc.backends._subscriptions import SubscriptionScope, check_checkpoint_interval
 from walsvc.core._api import ScannerStats
 from walsvc.core._chain import (
+    MIXED_BATCH,
+    PLAIN_BATCH,
     AppendBatchNext,
     AppendNext,
     ChainMember,
@@ -37,6 +39,7 @@ from walsvc.core._chain import (
     is_plain,
     manages_transactions,
     plain_admitters,
+    user_batch_kind,
 )
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import (
@@ -406,13 +409,17 @@ class LocalWAL(WAL):
         """
         self._check_writable()
         batch = list(messages)
-        for message in batch:
-            self._check_user_message(message)
+        kind = user_batch_kind(batch)  # in one C loop: checked, and plain or not
+        if kind == MIXED_BATCH:
+            for message in batch:
+                self._check_user_message(message)
+            plain = all(map(is_plain, batch))
+        else:
+            plain = kind == PLAIN_BATCH
         if not batch:
             return []
         if self._startup is not None:
             await self._wait_ready()
-        plain = all(map(is_plain, batch))
         batch_chain = self._plain_batch_chain if plain else self._batch_chain
         if batch_chain is not None:
             return await batch_chain(batch)
