@@ -291,6 +291,18 @@ def test_the_compiled_messages_are_message_ofs(wires: list[WireMessage]) -> None
             _wire.messages_of(wires)
 
 
+@given(st.lists(WIRES, max_size=8))
+def test_the_compiled_charge_is_the_python_charge(wires: list[WireMessage]) -> None:
+    """``charge_of``: 64 a message plus its payload's bytes, compiled or not; a payload
+    that is not bytes itself goes the Python way."""
+    expected = sum(64 + len(w.payload) for w in wires)
+    assert _wire._cwire.charge_of(wires) == expected
+    assert _wire.charge_of(wires) == expected
+    odd = [*wires, WireMessage(bytearray(b"xy"), "v", 2, {}, None)]
+    assert _wire._cwire.charge_of(odd) == -1
+    assert _wire.charge_of(odd) == expected + 66
+
+
 _VALID = WireMessage(b"x", "v", 2, {}, "~p.1")
 
 

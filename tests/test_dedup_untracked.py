@@ -42,7 +42,11 @@ async def test_the_window_table_is_never_tracked_and_entries_drop_their_owners()
         window = dedup._keys
         tables = _tables(window.slots)
         assert tables
-        assert sum(len(t) for t in tables) == len(window)
+        # Each shard also holds a key of the module's own, not a str (so that its
+        # entries keep their hashes: see _cshards.c): the window's keys are the rest.
+        keys = [k for t in tables for k in t if isinstance(k, str | tuple)]
+        general_keys = 0 if isinstance(window.slots, dict) else len(tables)
+        assert len(keys) == len(window) == sum(len(t) for t in tables) - general_keys
         gc.collect()
         assert not any(gc.is_tracked(t) for t in tables)
         entries = [s for s in map(window.slots.get, window.order) if isinstance(s, Entry)]

@@ -29,6 +29,7 @@ from walsvc.remote._protocol import Append, AppendMany, Recall, Recalled
 from walsvc.write._coalesce import Outcome
 
 from ._wire import (
+    charge_of,
     compiled_messages_of,
     encode_appended,
     encode_appended_each,
@@ -57,7 +58,7 @@ def start_group(session: Session, requests: list[Append]) -> None:
     started: list[int]
     if messages is not None:  # every message valid (the common case)
         started = [request.request for request in requests]
-        charge = 64 * len(wires) + sum([len(wire.payload) for wire in wires])
+        charge = charge_of(wires)
     else:
         messages, started, charge = [], [], 0
         for request in requests:

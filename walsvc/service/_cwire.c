@@ -818,6 +818,28 @@ messages_of(PyObject *Py_UNUSED(module), PyObject *args)
     return messages;
 }
 
+/* charge_of: 64 per WireMessage of `wires` plus its payload's bytes; -1 if one is not a
+ * WireMessage with bytes (exactly) for its payload, or before bind. */
+static PyObject *
+charge_of(PyObject *Py_UNUSED(module), PyObject *wires)
+{
+    if (!PyList_Check(wires)) {
+        PyErr_SetString(PyExc_TypeError, "charge_of takes a list of WireMessage");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(wires), charge = 64 * n;
+    for (Py_ssize_t i = 0; i < n && message_type != NULL; i++) {
+        PyObject *wire = PyList_GET_ITEM(wires, i);
+        PyObject *payload = Py_IS_TYPE(wire, wire_type) ? slot(wire, wire_offsets[A_PAYLOAD])
+                                                        : NULL;
+        if (payload == NULL || !PyBytes_CheckExact(payload)) {
+            return PyLong_FromLong(-1);
+        }
+        charge += PyBytes_GET_SIZE(payload);
+    }
+    return message_type == NULL ? PyLong_FromLong(-1) : PyLong_FromSsize_t(charge);
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "Find the fields' slots, see the module comment."},
     {"encode_delivered", encode_delivered, METH_VARARGS,
@@ -826,6 +848,8 @@ static PyMethodDef methods[] = {
      "The msgpack bytes of one Appended, see the module comment."},
     {"encode_appended_each", encode_appended_each, METH_VARARGS,
      "The Appended answers of a group of appends, see the module comment."},
+    {"charge_of", charge_of, METH_O,
+     "charge_of(wires): 64 a message plus its payload's bytes, or -1 (the Python path)."},
     {"messages_of", messages_of, METH_VARARGS,
      "The walsvc.Messages of WireMessages, see the module comment."},
     {NULL, NULL, 0, NULL},

@@ -62,7 +62,7 @@ from ._limits import STATUS_CHARGE, Requests, Watchdog
 from ._status import answer_status
 from ._streams import Streams
 from ._txns import TxnRequest
-from ._wire import encode
+from ._wire import charge_of, encode
 
 if TYPE_CHECKING:
     from ._server import NodeServer
@@ -147,8 +147,7 @@ class Session:
         elif isinstance(message, Credit):
             self.streams.credit(message)
         elif isinstance(message, AppendMany):
-            charge = sum(64 + len(m.payload) for m in message.messages)
-            self._spawn(append_many(self, message), charge)
+            self._spawn(append_many(self, message), charge_of(message.messages))
         elif isinstance(message, Read):
             self.streams.open(message, self._wal)
         elif isinstance(message, CloseStream):

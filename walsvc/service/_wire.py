@@ -42,6 +42,7 @@ except ImportError:  # built without a C compiler: the Python path below
     _cwire = None  # type: ignore[assignment]
 
 __all__ = (
+    "charge_of",
     "compiled",
     "compiled_messages_of",
     "encode",
@@ -178,6 +179,14 @@ def encode_appended_each(requests: list[int], outcomes: list[Outcome]) -> list[b
         encode(Appended(request, [wire_result(outcome)])) if type(outcome) is AppendResult else None
         for request, outcome in zip(requests, outcomes, strict=True)
     ]
+
+
+def charge_of(wires: list[WireMessage]) -> int:
+    """What appending ``wires`` counts against a connection's requests in flight: 64
+    bytes a message plus its payload (one C loop when compiled)."""
+    if compiled and (charge := _cwire.charge_of(wires)) >= 0:
+        return charge
+    return sum([64 + len(wire.payload) for wire in wires])
 
 
 def messages_of(wires: list[WireMessage]) -> list[Message]:
