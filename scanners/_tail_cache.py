@@ -77,6 +77,7 @@ class TailCache:
         "_head",
         "_head_tick",
         "_items",
+        "_lost_since_put",
         "_max_age_ticks",
         "_parked",
         "_pending",
@@ -109,6 +110,10 @@ class TailCache:
         self._head_tick = 0
         self._floor: MessageId | None = None
         self._floor_known = False
+        # An append failed (it may or may not be in the log) and no entry was put since:
+        # the writer's newest acknowledged id may be older than the log's newest, so it
+        # cannot be the floor of an activation (see ``activate``).
+        self._lost_since_put = False
         # Scanners waiting for the next entry (woken by puts, resets, truncation, close),
         # and those of them that also want idle ticks (woken by those too).
         self._waiters: set[asyncio.Future[None]] = set()
@@ -161,8 +166,11 @@ class TailCache:
 
     def lose(self, slot: int, count: int) -> None:
         """The appends reserved at ``slot`` failed: they may or may not be in the log, so
-        the cache can no longer vouch for what follows its newest entry."""
+        the cache can no longer vouch for what follows its newest entry, and until an
+        entry is put no activation takes the writer's newest acknowledged id as its
+        floor (a lost acknowledgement: the log holds a newer message)."""
         self._pending -= count
+        self._lost_since_put = True
         if slot >= 0 and self._active:
             self._reset()
 
@@ -171,6 +179,7 @@ class TailCache:
             # The first entry after a reset: what precedes it is unknown, so it becomes
             # the floor and is not kept.
             self._floor, self._floor_known = messages[0].message_id, True
+            self._lost_since_put = False
             self._start = self._head = self._durable_end = self._durable_end + 1
             messages = messages[1:]
             if not messages:
@@ -206,12 +215,14 @@ class TailCache:
     def activate(self, last_acked: MessageId | None) -> None:
         """Start keeping entries (a no-op when ``max_bytes`` is 0: the cache is off).
         ``last_acked`` is the writer's newest acknowledged id: with no append in flight
-        it is the floor; otherwise the floor is learned from the first entry put."""
+        and none lost since the last entry put it is the floor; otherwise the floor is
+        learned from the first entry put."""
         if self._active or self.max_bytes <= 0:
             return
         self._active = True
         self._clear()
-        self._floor, self._floor_known = last_acked, self._pending == 0
+        self._floor = last_acked
+        self._floor_known = self._pending == 0 and not self._lost_since_put
 
     def deactivate(self) -> None:
         """Stop keeping entries and free them (the last scanner closed)."""

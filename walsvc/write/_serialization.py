@@ -198,16 +198,18 @@ class SerializationPoint:
         started = perf_counter() if metrics is not None else 0.0
         record, tick, last_confirmed = self.encode(message)
         encoded = perf_counter() if metrics is not None else 0.0
+        cache = self.cache
         try:
             ids = self._backend.append_now((record,))
         except WALError as exc:
             self._count_failure(exc)
             raise
         except Exception as exc:
+            if cache is not None:  # it may be in the log: the cache cannot vouch for it
+                cache.lose(cache.reserve(1), 1)
             raise self._outcome_unknown(exc) from exc
         if metrics is not None:
             metrics.serialized(started, encoded, 1, id(message))
-        cache = self.cache
         slot = cache.reserve(1) if cache is not None else -1
         return self._acknowledged(message, ids[0], tick, last_confirmed, slot)
 
