@@ -1,0 +1,65 @@
+"""The interceptors' reads of their own log when it was truncated through its newest
+message (``interceptors._reading.read_through``): the log's newest id is still known
+(``latest_message_id``) but nothing through it is retained. A read of what is retained
+up to that id used to wait for the next append; now it is told at once that there is
+nothing.
+
+Without ``TimetickSync`` nothing is appended on open, so the rebuild of the dedup window
+waited for an append, and a keyed append waited for the rebuild: a keyed append after
+reopening such a log hung for ever (and, on ``file://``, closing the WAL then hung too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+import walsvc
+from interceptors import Dedup, ExclusiveLock, Transactions
+from walsvc import Message
+
+
+def _url(scheme: str, tmp_path: Path) -> str:
+    return f"memory://{uuid.uuid4().hex}" if scheme == "memory" else f"file://{tmp_path}"
+
+
+def _chain_without_ticks() -> list[object]:
+    transactions = Transactions()
+    return [Dedup(), ExclusiveLock(transactions.abort_vchannel), transactions]
+
+
+async def _truncate_everything(url: str) -> walsvc.AppendResult:
+    async with await walsvc.open_wal(url, "p", interceptors=_chain_without_ticks()) as wal:
+        await wal.append(Message(payload=b"a", vchannel="v", idempotency_key="k1"))
+        newest = await wal.append(Message(payload=b"b", vchannel="v", idempotency_key="k2"))
+        await wal.truncate(newest.message_id)
+        return newest
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+async def test_a_keyed_append_after_reopening_a_truncated_log_lands(
+    scheme: str, tmp_path: Path
+) -> None:
+    url = _url(scheme, tmp_path)
+    newest = await _truncate_everything(url)
+    async with asyncio.timeout(10):
+        async with await walsvc.open_wal(url, "p", interceptors=_chain_without_ticks()) as wal:
+            assert await wal.latest_message_id() == newest.message_id
+            again = await wal.append(Message(payload=b"c", vchannel="v", idempotency_key="k2"))
+            assert again.message_id > newest.message_id  # its first copy was truncated
+            assert await wal.recall_keys([("v", "k1"), ("v", "k2")], 0) == [None, again]
+
+
+async def test_recall_on_a_log_truncated_through_its_newest_message_is_told_at_once() -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(url, "p", interceptors=[Dedup(max_keys=1)]) as wal:
+        results = [
+            await wal.append(Message(payload=b"x", vchannel="v", idempotency_key=f"k{i}"))
+            for i in range(3)
+        ]
+        await wal.truncate(results[-1].message_id)
+        async with asyncio.timeout(10):  # k0 was dropped by the window: the log is read
+            assert await wal.recall_keys([("v", "k0")], 0) == [None]
