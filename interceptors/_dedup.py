@@ -38,22 +38,19 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Awaitable, Sequence
 from itertools import repeat
 from typing import Any, Final, TypeVar, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
-from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import (
     AppendOutcomeUnknown,
     InvalidArgument,
     InvalidMessage,
     MessageTooLarge,
     WALError,
-    WALTruncated,
 )
-from walsvc.core._ids import MessageId
-from walsvc.core._message import AppendResult, ImmutableMessage, Message, MessageType
+from walsvc.core._message import AppendResult, Message, MessageType
 from walsvc.core._timetick import span_of_ms
 
 from ._dedup_window import (
@@ -63,10 +60,8 @@ from ._dedup_window import (
     in_flight,
     key_of,
     named,
-    result_of,
-    settled_key,
 )
-from ._reading import read_through
+from ._key_search import find_keys, find_keys_since, messages_since
 from ._shards import window_keys
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
@@ -169,16 +164,11 @@ class Dedup:
             return
         floor = max(0, await context.last_durable_timetick() - self._keys.age_ticks)
         self._keys.forgotten_below = max(self._keys.forgotten_below, floor)  # not read
-        start = await context.start_at_timetick(floor)
         # Each message is noted as the scanner delivers it, so the rebuild works a step
         # of the read at a time (the read yields to the loop between steps, see
         # walsvc.core._budget) and never holds the whole window's messages.
-        try:
-            async for message in read_through(context, start, latest, floor):
-                self.rebuilt += self._keys.note_settled(message)
-        except WALTruncated:  # truncated meanwhile: what is retained is all there is
-            async for message in read_through(context, DeliverPolicy.all(), latest, floor):
-                self.rebuilt += self._keys.note_settled(message)
+        async for message in messages_since(context, floor, latest):
+            self.rebuilt += self._keys.note_settled(message)
         self._keys.evict()
 
     # -- appends ------------------------------------------------------------------------
@@ -532,7 +522,7 @@ class Dedup:
         not be read)."""
         context = self._bound()
         try:
-            found = await self._find(context, set(keys), entry.floor)
+            found = await find_keys(context, set(keys), entry.floor)
         except (WALError, OSError) as exc:
             blocked: list[AppendResult | AppendOutcomeUnknown] = []
             for key in keys:
@@ -554,18 +544,6 @@ class Dedup:
                 self._keys.settle_all((key,), entry, (result,))
                 outcomes.append(result)
         return outcomes
-
-    async def _find(
-        self, context: InterceptorContext, keys: set[Key], floor: MessageId | None
-    ) -> dict[Key, AppendResult]:
-        """The results of the first messages from ``floor`` on that settle ``keys``."""
-        found: dict[Key, AppendResult] = {}
-        latest = await context.latest_message_id()
-        if latest is None or (floor is not None and latest < floor):
-            return found
-        start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
-        await _note_first_results(read_through(context, start, latest, 0), keys, found)
-        return found
 
     # -- recalling keys the window may have dropped ---------------------------------------
 
@@ -595,7 +573,7 @@ class Dedup:
                 return results  # the window holds every key settled since then
             # forgotten_below is at most a settled key's tick + 1, and the newest message
             # in the log has a tick at least that: the read below reaches it.
-            found = await self._find_since(missing, since_tick)
+            found = await find_keys_since(self._bound(), missing, since_tick)
             for key, result in found.items():
                 if key not in self._window:  # else claimed meanwhile: the claim stays
                     self._window[key] = result
@@ -607,34 +585,6 @@ class Dedup:
         finally:
             self._keys.unhold(wanted)
             self._keys.evict()
-
-    async def _find_since(self, keys: set[Key], since_tick: int) -> dict[Key, AppendResult]:
-        """The results of the first messages with a tick >= ``since_tick`` that settle
-        ``keys``; ``AppendOutcomeUnknown`` if that stretch of the log cannot be read.
-        Truncated messages are not found: their keys are forgotten, as the rebuild on
-        open forgets them."""
-        context = self._bound()
-        found: dict[Key, AppendResult] = {}
-        try:
-            latest = await context.latest_message_id()
-            if latest is None:
-                return found
-            start = await context.start_at_timetick(since_tick)
-            try:
-                await _note_first_results(
-                    read_through(context, start, latest, since_tick), keys, found
-                )
-            except WALTruncated:  # truncated meanwhile: what is retained is all there is
-                await _note_first_results(
-                    read_through(context, DeliverPolicy.all(), latest, since_tick), keys, found
-                )
-        except (WALError, OSError) as exc:
-            raise AppendOutcomeUnknown(
-                f"whether {len(keys)} appends sent again landed cannot be told: the dedup"
-                f" window dropped keys since timetick {since_tick}, and reading the log"
-                f" from there failed ({exc!r})"
-            ) from exc
-        return found
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -663,17 +613,6 @@ class Dedup:
             self._rebuild.cancel()
         if self._owners:
             await asyncio.wait(list(self._owners))
-
-
-async def _note_first_results(
-    messages: AsyncIterator[ImmutableMessage], keys: set[Key], found: dict[Key, AppendResult]
-) -> None:
-    """Put into ``found`` the result of the first of ``messages`` that settles each of
-    ``keys`` (keys already in ``found`` keep theirs)."""
-    async for message in messages:
-        key = settled_key(message)
-        if key in keys and key not in found:
-            found[key] = result_of(message)
 
 
 def _kind_mismatch(key: Key, names_txn: bool) -> InvalidArgument:

@@ -1,0 +1,83 @@
+"""Where keyed messages are in the log: the reads ``Dedup`` makes when its window cannot
+tell (the rebuild on open, an ambiguous append's resolution, a Recall of keys the window
+dropped). Each reads a bounded stretch, up to the newest message (``read_through``), and
+keeps nothing of the window's: callers put what is found into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from walsvc.core._chain import InterceptorContext
+from walsvc.core._deliver import DeliverPolicy
+from walsvc.core._errors import AppendOutcomeUnknown, WALError, WALTruncated
+from walsvc.core._ids import MessageId
+from walsvc.core._message import AppendResult, ImmutableMessage
+
+from ._dedup_window import Key, result_of, settled_key
+from ._reading import read_through
+
+__all__ = ("find_keys", "find_keys_since", "messages_since")
+
+
+async def messages_since(
+    context: InterceptorContext, tick: int, latest: MessageId
+) -> AsyncIterator[ImmutableMessage]:
+    """The persisted messages with a tick >= ``tick`` through ``latest``, read from where
+    the backend says that tick begins (``start_at_timetick``). If that start is truncated
+    meanwhile, what is retained is read instead, from its start: a message may then come
+    twice."""
+    start = await context.start_at_timetick(tick)
+    try:
+        async for message in read_through(context, start, latest, tick):
+            yield message
+    except WALTruncated:
+        async for message in read_through(context, DeliverPolicy.all(), latest, tick):
+            yield message
+
+
+async def find_keys(
+    context: InterceptorContext, keys: set[Key], floor: MessageId | None
+) -> dict[Key, AppendResult]:
+    """The results of the first messages from ``floor`` (None: the log's start) through
+    the newest that settle ``keys``; raises what the read raises."""
+    found: dict[Key, AppendResult] = {}
+    latest = await context.latest_message_id()
+    if latest is None or (floor is not None and latest < floor):
+        return found
+    start = DeliverPolicy.all() if floor is None else DeliverPolicy.start_from(floor)
+    await _note_first_results(read_through(context, start, latest, 0), keys, found)
+    return found
+
+
+async def find_keys_since(
+    context: InterceptorContext, keys: set[Key], since_tick: int
+) -> dict[Key, AppendResult]:
+    """The results of the first messages with a tick >= ``since_tick`` that settle
+    ``keys``; ``AppendOutcomeUnknown`` if that stretch of the log cannot be read.
+    Truncated messages are not found: their keys are forgotten, as the rebuild on open
+    forgets them."""
+    found: dict[Key, AppendResult] = {}
+    try:
+        latest = await context.latest_message_id()
+        if latest is None:
+            return found
+        await _note_first_results(messages_since(context, since_tick, latest), keys, found)
+    except (WALError, OSError) as exc:
+        raise AppendOutcomeUnknown(
+            f"whether {len(keys)} appends sent again landed cannot be told: the dedup"
+            f" window dropped keys since timetick {since_tick}, and reading the log"
+            f" from there failed ({exc!r})"
+        ) from exc
+    return found
+
+
+async def _note_first_results(
+    messages: AsyncIterator[ImmutableMessage], keys: set[Key], found: dict[Key, AppendResult]
+) -> None:
+    """Put into ``found`` the result of the first of ``messages`` that settles each of
+    ``keys`` (keys already in ``found`` keep theirs)."""
+    async for message in messages:
+        key = settled_key(message)
+        if key in keys and key not in found:
+            found[key] = result_of(message)
