@@ -210,7 +210,6 @@ class Dedup:
     async def _keyed_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> list[AppendResult]:
-        window = self._window
         # Every message's key in one C loop; None if one has no key or a NUL in its vchannel.
         keys = cast("list[Key | None] | None", window_keys(messages))
         if keys is None:
@@ -220,23 +219,30 @@ class Dedup:
             ]
         if None not in keys and self._rebuilt():  # the usual batch: keyed, every key new
             entry = Entry(self._bound().last_confirmed_id(), False)
-            new: list[Key] = keys  # type: ignore[assignment]  # no None in it
-            size = len(window)
-            # Claimed in one probe per key, in C loops; a key already there keeps its
-            # slot, and the window grows by fewer than the batch.
-            deque(map(window.setdefault, new, repeat(entry)), maxlen=0)
-            if len(window) - size == len(new):
-                self._keys.order.extend(new)
+            if self._claim_new(cast("list[Key]", keys), entry):
                 work = self._append_batch(keys, entry, list(messages), call_next)
                 return await self._own(entry, work)
-            for mine in new:  # a key known, or twice: unclaimed, and the batch goes below
-                if window.get(mine) is entry:
-                    del window[mine]
         held: list[Key] = []  # the keys waited on, held from eviction until read below
         try:
             return await self._keyed_batch_slowly(messages, keys, call_next, held)
         finally:
             self._keys.unhold(held)
+
+    def _claim_new(self, keys: list[Key], entry: Entry) -> bool:
+        """Claim each of ``keys`` under ``entry`` and return True if every one is new (not
+        in the window, not twice in ``keys``); else claim none and return False."""
+        window = self._window
+        size = len(window)
+        # One probe per key, in C loops; a key already there keeps its slot, and the
+        # window grows by fewer than the keys.
+        deque(map(window.setdefault, keys, repeat(entry)), maxlen=0)
+        if len(window) - size == len(keys):
+            self._keys.order.extend(keys)
+            return True
+        for key in keys:  # a key known, or twice: unclaimed
+            if window.get(key) is entry:
+                del window[key]
+        return False
 
     async def _keyed_batch_slowly(
         self,
@@ -306,9 +312,12 @@ class Dedup:
                 await self.wait_rebuilt()
             except WALError:
                 return [None] * len(messages)  # do_append raises it, a fresh copy each
+        entry = Entry(self._bound().last_confirmed_id(), False)
+        keys = cast("list[Key] | None", window_keys(messages))  # a message has a key
+        if keys is not None and self._claim_new(keys, entry):  # the usual batch: all new
+            return await self._append_coalesced(keys, entry, list(messages), call_next)
         window = self._window
         get = window.get
-        entry = Entry(self._bound().last_confirmed_id(), False)
         batch: list[Message] = []
         claimed: list[Key] = []  # the key of each message of ``batch``
         others: dict[int, AppendResult | int | None] = {}  # messages not in ``batch``
@@ -336,15 +345,7 @@ class Dedup:
         if not batch:
             return [None if isinstance(a, int) else a for a in others.values()]
         self._keys.order.extend(claimed)
-        owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry.owner = owner
-        self._owners.add(owner)
-        try:
-            outcomes = await self._append_claimed(claimed, entry, batch, call_next)
-        finally:
-            self._owners.discard(owner)
-            owner.set_result(None)
-            entry.drop_owner(owner)
+        outcomes = await self._append_coalesced(claimed, entry, batch, call_next)
         if not others:
             return outcomes  # the usual batch: every key was new
         answered: list[AppendResult | Exception | None] = []
@@ -360,6 +361,21 @@ class Dedup:
             else:
                 answered.append(other)
         return answered
+
+    async def _append_coalesced(
+        self, claimed: list[Key], entry: Entry, batch: list[Message], call_next: AppendBatchNext
+    ) -> Sequence[AppendResult | Exception | None]:
+        """``_append_claimed``, with ``entry`` owned meanwhile by a future of its own
+        (the WAL's coalescing task runs the batch to its end, whatever its callers do)."""
+        owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry.owner = owner
+        self._owners.add(owner)
+        try:
+            return await self._append_claimed(claimed, entry, batch, call_next)
+        finally:
+            self._owners.discard(owner)
+            owner.set_result(None)
+            entry.drop_owner(owner)
 
     async def _append_claimed(
         self, claimed: list[Key], entry: Entry, batch: list[Message], call_next: AppendBatchNext

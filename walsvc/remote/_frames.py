@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Final, final
 
 from walsvc.core._errors import CorruptRecord
@@ -134,6 +135,26 @@ class FrameWriter:
         self._wakeup.set()
         if (
             len(self._queue) >= FRAME_ITEMS
+            and not self._closing
+            and not self._writer.transport.is_closing()
+        ):
+            self._write_frame()
+
+    def send_many(self, items: list[bytes]) -> None:
+        """``send`` each of ``items`` (no ``on_sent``), in order: one wake-up and one check
+        of the high water for them all (a group's answers)."""
+        if self._closed or not items:
+            return
+        queue = self._queue
+        queue.extend(zip(items, repeat(None)))
+        self._queued += sum(map(len, items))
+        high = self._high_water
+        if high is not None and self._queued > high and self.over_since is None:
+            self._writable.clear()
+            self.over_since = asyncio.get_running_loop().time()
+        self._wakeup.set()
+        while (
+            len(queue) >= FRAME_ITEMS
             and not self._closing
             and not self._writer.transport.is_closing()
         ):

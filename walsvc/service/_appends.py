@@ -88,14 +88,15 @@ def _answer_group(
             session.fail(request, error)
         return
     outcomes = appended.result()
-    send, fail = session.send_encoded, session.fail
-    for request, answer, outcome in zip(
-        requests, encode_appended_each(requests, outcomes), outcomes, strict=True
-    ):
-        if answer is not None:  # the encoded Appended of its AppendResult
-            send(answer)
+    answers = encode_appended_each(requests, outcomes)  # an Appended's bytes, or None
+    if None not in answers:
+        session.send_encoded_many(cast("list[bytes]", answers))
+        return
+    for request, answer, outcome in zip(requests, answers, outcomes, strict=True):
+        if answer is not None:
+            session.send_encoded(answer)
         else:
-            fail(request, cast(Exception, outcome))
+            session.fail(request, cast(Exception, outcome))
 
 
 async def append_many(session: Session, request: AppendMany) -> None:

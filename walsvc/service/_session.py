@@ -108,6 +108,10 @@ class Session:
         """Queue ``item``, a message already encoded as ``encode`` does, for the client."""
         self.writer.send(item)
 
+    def send_encoded_many(self, items: list[bytes]) -> None:
+        """``send_encoded`` each of ``items``, in order, in one call."""
+        self.writer.send_many(items)
+
     def _spawn(self, coroutine: Any, charge: int = 64) -> None:
         self.in_flight.add(asyncio.get_running_loop().create_task(coroutine), charge)
 
