@@ -334,3 +334,31 @@ async def test_a_read_only_wal_has_no_cache(url: str) -> None:
 async def test_bad_cache_options_are_rejected(option: str, value: object) -> None:
     with pytest.raises(walsvc.InvalidArgument, match=option):
         await walsvc.open_wal(f"memory://{uuid.uuid4().hex}", "p", **{option: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+async def test_messages_read_are_not_tracked_by_the_cycle_collector(
+    scheme: str, tmp_path: Path
+) -> None:
+    """Delivered messages, from the tail cache and decoded from the log, with properties
+    and as a transaction's body: none is tracked (a tail cache of tracked messages made
+    every full collection walk them all)."""
+    import gc
+
+    url = f"memory://{uuid.uuid4().hex}" if scheme == "memory" else f"file://{tmp_path}"
+    async with await walsvc.open_wal(url, "p") as wal:
+        async with wal.read(DeliverPolicy.latest()) as tail:
+            await asyncio.sleep(0.05)
+            await wal.append(data(b"a", properties={"k": "v"}))
+            async with wal.txn("v1") as txn:
+                await txn.append(data(b"b"))
+            cached = await take(tail, 2)
+    async with await walsvc.open_wal(url, "p", read_only=True) as wal:  # no cache: decoded
+        async with wal.read(DeliverPolicy.all()) as scanner:
+            decoded = await take(scanner, 2)
+    for message in [*cached, *decoded]:
+        assert not gc.is_tracked(message), message
+        for inner in message.body:
+            assert not gc.is_tracked(inner), inner
+    assert [m.type for m in decoded] == [MessageType.INSERT, MessageType.TXN]
+    assert decoded[0].properties == {"k": "v"}

@@ -218,7 +218,7 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-class ImmutableMessage(msgspec.Struct, frozen=True):
+class ImmutableMessage(msgspec.Struct, frozen=True, gc=False):
     """A message as the log returns it: the user's fields plus the system fields the log
     assigned (id, timetick, last-confirmed id, transaction, idempotency key, writer term).
 
@@ -239,6 +239,13 @@ class ImmutableMessage(msgspec.Struct, frozen=True):
     messages with a smaller tick are durable and before it), so readers never wait for a
     TimeTick message to deliver data.
     """
+
+    # gc=False: never tracked by the cycle collector. None of its fields can refer back
+    # to it (walsvc builds ``properties`` as a read-only copy and ``body`` before the
+    # commit that holds it), so it is in no cycle; tracked, the tail cache's messages
+    # (64 MB by default) made every full collection walk them all: 28% of a node's CPU
+    # with one remote reader tailing (the same run with the collector off: 3.81 -> 2.72 s).
+    # A message built by hand must not be put into a mapping it holds.
 
     message_id: MessageId
     timetick: int
