@@ -127,34 +127,27 @@ class FrameWriter:
         if self._closed:
             return
         self._queue.append((item, on_sent))
-        self._queued += len(item)
-        high = self._high_water
-        if high is not None and self._queued > high and self.over_since is None:
-            self._writable.clear()
-            self.over_since = asyncio.get_running_loop().time()
-        self._wakeup.set()
-        if (
-            len(self._queue) >= FRAME_ITEMS
-            and not self._closing
-            and not self._writer.transport.is_closing()
-        ):
-            self._write_frame()
+        self._queued_more(len(item))
 
     def send_many(self, items: list[bytes]) -> None:
         """``send`` each of ``items`` (no ``on_sent``), in order: one wake-up and one check
         of the high water for them all (a group's answers)."""
         if self._closed or not items:
             return
-        queue = self._queue
-        queue.extend(zip(items, repeat(None)))
-        self._queued += sum(map(len, items))
+        self._queue.extend(zip(items, repeat(None)))
+        self._queued_more(sum(map(len, items)))
+
+    def _queued_more(self, size: int) -> None:
+        """``size`` more bytes were queued: past the high water, no longer writable; wake
+        the writer, and write frames now while a frame's worth of items waits."""
+        self._queued += size
         high = self._high_water
         if high is not None and self._queued > high and self.over_since is None:
             self._writable.clear()
             self.over_since = asyncio.get_running_loop().time()
         self._wakeup.set()
         while (
-            len(queue) >= FRAME_ITEMS
+            len(self._queue) >= FRAME_ITEMS
             and not self._closing
             and not self._writer.transport.is_closing()
         ):
