@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 import walsvc.core._compiled
 from walsvc import Message, TxnContext
 from walsvc.backends._memory import MemoryMessageId
-from walsvc.core._chain import KEYED_BATCH, MIXED_BATCH, PLAIN_BATCH, user_batch_kind
+from walsvc.core._chain import (
+    KEYED_BATCH,
+    PARTLY_KEYED_BATCH,
+    PLAIN_BATCH,
+    UNCHECKED_BATCH,
+    user_batch_kind,
+)
 from walsvc.core._encode import (
     are_keyed,
     are_plain,
@@ -98,14 +104,19 @@ def test_the_compiled_plain_batch_check_agrees_with_the_python_one(
     )
 )
 def test_the_compiled_user_batch_kind_agrees_with_the_python_one(messages: list[Message]) -> None:
-    """``user_batch_kind``: PLAIN_BATCH if every message is a Message itself, without
-    txn, of no system type and without a key; KEYED_BATCH if so but some have a key;
-    MIXED_BATCH otherwise."""
+    """``user_batch_kind``: UNCHECKED_BATCH unless every message is a Message itself,
+    without txn and of no system type; else PLAIN_BATCH (no key), KEYED_BATCH (every one
+    keyed) or PARTLY_KEYED_BATCH."""
     user = all(
         type(m) is Message and m.txn is None and m.type not in SYSTEM_TYPES for m in messages
     )
-    keyed = any(m.idempotency_key is not None for m in messages)
-    expected = MIXED_BATCH if not user else KEYED_BATCH if keyed else PLAIN_BATCH
+    keyed = sum(m.idempotency_key is not None for m in messages)
+    if not user:
+        expected = UNCHECKED_BATCH
+    elif keyed == 0:
+        expected = PLAIN_BATCH
+    else:
+        expected = KEYED_BATCH if keyed == len(messages) else PARTLY_KEYED_BATCH
     assert walsvc.core._compiled.user_batch_kind is not None, "Message's fields were not bound"
     assert user_batch_kind(messages) == expected
     assert in_python(user_batch_kind, messages) == expected

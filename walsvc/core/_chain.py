@@ -22,8 +22,9 @@ from ._message import SYSTEM_TYPES, AppendResult, ImmutableMessage, Message
 
 __all__ = (
     "KEYED_BATCH",
-    "MIXED_BATCH",
+    "PARTLY_KEYED_BATCH",
     "PLAIN_BATCH",
+    "UNCHECKED_BATCH",
     "AppendBatchNext",
     "AppendNext",
     "BatchInterceptor",
@@ -327,28 +328,30 @@ def is_plain(message: Message) -> bool:
 
 
 #: ``user_batch_kind``'s answers.
+UNCHECKED_BATCH: Final = -1
 PLAIN_BATCH: Final = 0
 KEYED_BATCH: Final = 1
-MIXED_BATCH: Final = -1
+PARTLY_KEYED_BATCH: Final = 2
 
 
 def user_batch_kind(messages: list[Message]) -> int:
-    """``PLAIN_BATCH`` if every message is a ``Message`` itself (not a subclass) without a
-    transaction context, of a type that is not a system type, and ``is_plain``;
-    ``KEYED_BATCH`` if every one is such a message but some carry an idempotency key;
-    ``MIXED_BATCH`` otherwise (the caller checks each message). One C loop when walsvc
-    was built with ``walsvc/core/_speedups.c``."""
+    """``UNCHECKED_BATCH`` unless every message is a ``Message`` itself (not a subclass)
+    without a transaction context and of a type that is not a system type (the caller
+    then checks each message); else ``PLAIN_BATCH`` if none carries an idempotency key,
+    ``KEYED_BATCH`` if every one does, ``PARTLY_KEYED_BATCH`` if some do. One C loop
+    when walsvc was built with ``walsvc/core/_speedups.c``."""
     if _compiled.user_batch_kind is not None:
         return _compiled.user_batch_kind(messages, SYSTEM_TYPES)
-    kind = PLAIN_BATCH
+    keyed = 0
     for message in messages:
         if type(message) is not Message or message.txn is not None:
-            return MIXED_BATCH
+            return UNCHECKED_BATCH
         if message.type in SYSTEM_TYPES:
-            return MIXED_BATCH
-        if message.idempotency_key is not None:
-            kind = KEYED_BATCH
-    return kind
+            return UNCHECKED_BATCH
+        keyed += message.idempotency_key is not None
+    return (
+        PLAIN_BATCH if keyed == 0 else KEYED_BATCH if keyed == len(messages) else PARTLY_KEYED_BATCH
+    )
 
 
 def passes_plain_messages(member: ChainMember) -> bool:

@@ -429,8 +429,8 @@ are_keyed(PyObject *Py_UNUSED(module), PyObject *args)
     return check_batch(args, 1);
 }
 
-/* user_batch_kind: 0 if every message is exactly the bound Message, without txn, of a type
- * not in system_types and without a key; 1 if so but some carry a key; -1 otherwise. */
+/* user_batch_kind: -1 unless every message is exactly the bound Message, without txn, of
+ * a type not in system_types; else 0 if none carries a key, 1 if all do, 2 if some do. */
 static PyObject *
 user_batch_kind(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -442,8 +442,7 @@ user_batch_kind(PyObject *Py_UNUSED(module), PyObject *args)
     if (bound_type == NULL) {
         return PyLong_FromLong(-1);
     }
-    long kind = 0;
-    Py_ssize_t n = PyList_GET_SIZE(messages);
+    Py_ssize_t n = PyList_GET_SIZE(messages), keyed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *message = PyList_GET_ITEM(messages, i);
         if (Py_TYPE(message) != bound_type || slot_of(message, F_TXN) != Py_None) {
@@ -453,11 +452,9 @@ user_batch_kind(PyObject *Py_UNUSED(module), PyObject *args)
         if (system != 0) {
             return system < 0 ? NULL : PyLong_FromLong(-1);
         }
-        if (slot_of(message, F_KEY) != Py_None) {
-            kind = 1;
-        }
+        keyed += slot_of(message, F_KEY) != Py_None;
     }
-    return PyLong_FromLong(kind);
+    return PyLong_FromLong(keyed == 0 ? 0 : keyed == n ? 1 : 2);
 }
 
 static void
@@ -875,8 +872,8 @@ static PyMethodDef methods[] = {
     {"are_plain", are_plain, METH_VARARGS,
      "Whether encode_plain_batch can take a batch, see the module comment."},
     {"user_batch_kind", user_batch_kind, METH_VARARGS,
-     "user_batch_kind(messages, system_types): 0 if all are plain user messages, 1 if all are "
-     "user messages and some keyed, -1 otherwise (check each)."},
+     "user_batch_kind(messages, system_types): -1 unless all are user messages; else 0 if "
+     "none is keyed, 1 if all are, 2 if some are."},
     {"are_keyed", are_keyed, METH_VARARGS,
      "Whether encode_keyed_batch can take a batch, see the module comment."},
     {"numbered_strings", numbered_strings, METH_VARARGS,

@@ -21,8 +21,9 @@ from walsvc.backends._base import Backend
 from walsvc.backends._subscriptions import SubscriptionScope, check_checkpoint_interval
 from walsvc.core._api import ScannerStats
 from walsvc.core._chain import (
-    MIXED_BATCH,
+    KEYED_BATCH,
     PLAIN_BATCH,
+    UNCHECKED_BATCH,
     AppendBatchNext,
     AppendNext,
     ChainMember,
@@ -382,16 +383,10 @@ class LocalWAL(WAL):
         none of a system type or a transaction's, on a ready writer), or None."""
         if not self._writable or self._startup is not None:
             return None
-        keyed = messages[0].idempotency_key is not None
-        for message in messages:
-            if (
-                type(message) is not Message
-                or message.txn is not None
-                or message.type in SYSTEM_TYPES
-                or (message.idempotency_key is not None) is not keyed
-            ):
-                return None
-        return self._keyed_coalescer if keyed else self._coalescer
+        kind = user_batch_kind(list(messages))
+        if kind == PLAIN_BATCH:
+            return self._coalescer
+        return self._keyed_coalescer if kind == KEYED_BATCH else None
 
     async def _append_each_alone(self, messages: Sequence[Message]) -> list[Outcome]:
         """``submit_group`` for messages no coalescer takes together: each on its own."""
@@ -410,7 +405,7 @@ class LocalWAL(WAL):
         self._check_writable()
         batch = list(messages)
         kind = user_batch_kind(batch)  # in one C loop: checked, and plain or not
-        if kind == MIXED_BATCH:
+        if kind == UNCHECKED_BATCH:
             for message in batch:
                 self._check_user_message(message)
             plain = all(map(is_plain, batch))
