@@ -103,8 +103,12 @@ def test_bad_keys_and_arguments_are_refused_as_a_dict_refuses_them() -> None:
 
 def test_a_window_under_churn_spreads_its_keys_over_the_shards() -> None:
     """100k window keys of one producer (a prefix and a counter, as remote producers'
-    keys are) claimed and evicted in turn: the fullest shard holds at most a few percent
-    more than an even share of the window (64 shards)."""
+    keys are) claimed and evicted in turn: the fullest shard holds little more than an
+    even share of the window (64 shards). Str hashes are seeded per process, so the
+    fullest shard varies from run to run: over 150 hash seeds it held 1622-1703 keys
+    (an even share: 1562.5). The bound was 1.1 shares (1719), which a run exceeded now
+    and then (one failure seen); 1.25 shares is far above chance and far below a mix
+    that leaves shards unused."""
     table, order = ShardedDict(), list[str]()
     size = 100_000
     for i in range(3 * size):
@@ -114,7 +118,7 @@ def test_a_window_under_churn_spreads_its_keys_over_the_shards() -> None:
         if len(table) > size:
             del table[order[i - size]]
     assert len(table) == size
-    assert table.largest_shard() <= size / 64 * 1.1
+    assert table.largest_shard() <= size / 64 * 1.25
 
 
 _queue_ops = st.lists(
