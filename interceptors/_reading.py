@@ -3,9 +3,12 @@ ambiguous append): a bounded stretch of the log, up to a known newest message.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import suppress
+from typing import Final
 
-from walsvc.core._chain import InterceptorContext
+from walsvc.core._chain import AsyncScanner, InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import WALTruncated
 from walsvc.core._filter import Filter
@@ -13,6 +16,10 @@ from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage
 
 __all__ = ("read_through",)
+
+#: How often a read of what is retained, still waiting for its first message, checks
+#: whether a truncation took the message it reads through.
+_RECHECK_SECONDS: Final = 1.0
 
 
 async def read_through(
@@ -22,13 +29,23 @@ async def read_through(
     ``min_timetick``; ``last`` itself must pass that floor (it is the newest message).
 
     Nothing if ``start`` is the log's start and ``last`` was truncated away (every
-    message through it went with it): a read of what is retained would otherwise wait
-    for the next append. A read from an id raises ``WALTruncated`` if that id is gone.
-    A truncation through ``last`` while the read runs is not looked for."""
+    message through it went with it), before the read or while it waits for its first
+    message: a read of what is retained would otherwise wait for the next append. A
+    read from an id, or one that a truncation overtakes later, raises ``WALTruncated``
+    (the backends' scanners do when their next message is gone)."""
     if start.kind == "all" and not await _retained(context, last):
         return
     scanner = context.read(start, [Filter(min_timetick=min_timetick)])
     try:
+        first = await (
+            _first_retained(context, scanner, last) if start.kind == "all" else anext(scanner)
+        )
+        if first is None:
+            return
+        if first.persisted:
+            yield first
+        if not first.message_id < last:
+            return
         async for message in scanner:
             if message.persisted:
                 yield message
@@ -36,6 +53,27 @@ async def read_through(
                 return
     finally:
         await scanner.aclose()
+
+
+async def _first_retained(
+    context: InterceptorContext, scanner: AsyncScanner, last: MessageId
+) -> ImmutableMessage | None:
+    """The first message of ``scanner``, a read of what is retained; None if, while it
+    waits, ``last`` turns out truncated (checked every ``_RECHECK_SECONDS``): then the
+    retained log starts after ``last`` and the scanner waits for the next append."""
+    fetch = asyncio.ensure_future(anext(scanner))
+    try:
+        while True:
+            done, _ = await asyncio.wait((fetch,), timeout=_RECHECK_SECONDS)
+            if done:
+                return fetch.result()
+            if not await _retained(context, last):
+                return None
+    finally:
+        if not fetch.done():
+            fetch.cancel()
+            with suppress(asyncio.CancelledError):
+                await fetch
 
 
 async def _retained(context: InterceptorContext, last: MessageId) -> bool:

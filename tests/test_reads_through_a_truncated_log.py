@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import walsvc
-from interceptors import Dedup, ExclusiveLock, Transactions
+from interceptors import Dedup, ExclusiveLock, Transactions, _reading
 from walsvc import Message
 
 
@@ -63,3 +63,32 @@ async def test_recall_on_a_log_truncated_through_its_newest_message_is_told_at_o
         await wal.truncate(results[-1].message_id)
         async with asyncio.timeout(10):  # k0 was dropped by the window: the log is read
             assert await wal.recall_keys([("v", "k0")], 0) == [None]
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+async def test_a_truncation_through_the_newest_message_as_a_read_begins_is_noticed(
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the check before the read leaves: the newest message is retained when
+    checked, and truncated before the read of what is retained takes its first message
+    (injected: the truncation runs right after the check says the message is there)."""
+    url = _url(scheme, tmp_path)
+    async with await walsvc.open_wal(url, "p", interceptors=[Dedup(max_keys=1)]) as wal:
+        results = [
+            await wal.append(Message(payload=b"x", vchannel="v", idempotency_key=f"k{i}"))
+            for i in range(3)
+        ]
+        checked = _reading._retained
+        truncations = []
+
+        async def retained_then_truncated(context: object, last: walsvc.MessageId) -> bool:
+            there = await checked(context, last)  # type: ignore[arg-type]
+            if not truncations:
+                truncations.append(last)
+                await wal.truncate(results[-1].message_id)
+            return there
+
+        monkeypatch.setattr(_reading, "_retained", retained_then_truncated)
+        async with asyncio.timeout(10):  # k0 was dropped by the window: the log is read
+            assert await wal.recall_keys([("v", "k0")], 0) == [None]
+        assert truncations  # the read began from the log's start, where the race is
