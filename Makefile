@@ -48,8 +48,10 @@ typecheck: $(VENV)/.test-stamp
 docs: $(VENV)/.test-stamp
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+# Two workers (pytest-xdist): one starts with the Spark group, the other takes module
+# after module (tests/conftest.py groups them); about two thirds of a serial run's time.
 pytest: $(VENV)/.test-stamp
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadgroup
 
 # Long fault schedules: the slow tests (crash loops, fault schedules, property tests) with
 # WALSVC_SOAK times their rounds and fresh hypothesis examples. Not part of `make test`.

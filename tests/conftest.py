@@ -78,10 +78,22 @@ def _with_deadline(test: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run every async test under ``TEST_DEADLINE``."""
+    """Run every async test under ``TEST_DEADLINE``; group the tests for ``make test``'s
+    two workers (``_worker_group``)."""
     for item in items:
         if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
             item.obj = _with_deadline(item.obj)
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """The tests one worker of a parallel run (``pytest -n 2 --dist loadgroup``, as
+    ``make test`` runs) takes together: the tests of a module, whose module-scoped
+    fixtures (brokers, nodes) then start once; and every test on a SparkSession, so that
+    one worker starts the session's JVM and runs the Spark jobs one after another."""
+    if "spark" in getattr(item, "fixturenames", ()) or item.path.name.startswith("test_spark"):
+        return "spark"
+    return item.path.name
 
 
 # ---------------------------------------------------------------------------------------
