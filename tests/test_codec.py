@@ -16,6 +16,7 @@ import walsvc
 import walsvc.core._columns
 import walsvc.core._compiled
 from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType, TxnContext
+from walsvc.backends._file._ids import FileMessageId
 from walsvc.backends._memory import MemoryMessageId
 from walsvc.core._codec import (
     HEADER_SIZE,
@@ -379,6 +380,20 @@ def test_a_damaged_last_confirmed_id_is_corrupt(replacement: str) -> None:
     assert damaged != data
     with pytest.raises(CorruptRecord):
         decode(damaged, MemoryMessageId(0))
+
+
+@pytest.mark.parametrize("key", [None, "k"])
+def test_a_last_confirmed_id_of_another_log_is_corrupt_after_it_was_read_in_its_own(
+    key: str | None,
+) -> None:
+    """Decoding remembers the last-confirmed ids it parsed (keyed records, each ext its
+    own, share them): an id read in a file log first is still not a memory log's."""
+    message = Message(payload=b"p", vchannel="v", idempotency_key=key)
+    in_file = encode(message, timetick=1, term=1, last_confirmed=FileMessageId(333))
+    assert decode(in_file, FileMessageId(334)).last_confirmed_id == FileMessageId(333)
+    for _ in range(2):
+        with pytest.raises(CorruptRecord, match="not an id of this log"):
+            decode(in_file, MemoryMessageId(334))
 
 
 # ---------------------------------------------------------------------------------------

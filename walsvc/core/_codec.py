@@ -273,6 +273,12 @@ def _ext_of(
     return decoded
 
 
+#: Last-confirmed ids by their text, for the exts ``_ext_cache`` does not keep: a keyed
+#: message's ext is its own (every remote append carries a producer key), but runs of
+#: messages share one last-confirmed id, parsed once here.
+_last_confirmed_ids: dict[str, MessageId] = {}
+
+
 def _decode_ext(
     raw_ext: bytes, id_class: type[MessageId]
 ) -> tuple[Mapping[str, str], MessageId | None, TxnContext | None, str | None]:
@@ -282,11 +288,17 @@ def _decode_ext(
         # ValueError includes UnicodeDecodeError from a damaged string.
         raise CorruptRecord(f"envelope ext section does not decode: {exc}") from None
     last_confirmed = None
-    if ext.last_confirmed is not None:
-        try:
-            last_confirmed = unmarshal_message_id(ext.last_confirmed)
-        except WALError as exc:
-            raise CorruptRecord(f"envelope last-confirmed id is not valid: {exc}") from None
+    text = ext.last_confirmed
+    if text is not None:
+        last_confirmed = _last_confirmed_ids.get(text)
+        if last_confirmed is None:
+            try:
+                last_confirmed = unmarshal_message_id(text)
+            except WALError as exc:
+                raise CorruptRecord(f"envelope last-confirmed id is not valid: {exc}") from None
+            if len(_last_confirmed_ids) >= _CACHE_LIMIT:
+                _last_confirmed_ids.clear()
+            _last_confirmed_ids[text] = last_confirmed
         if type(last_confirmed) is not id_class:
             raise CorruptRecord(
                 f"last-confirmed id {ext.last_confirmed!r} is not an id of this log"
