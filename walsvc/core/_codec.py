@@ -362,7 +362,19 @@ def decode_chunk(
     # and one set lookup; this is the loop that bounds replay speed.
     if selected.is_everything:
         stop = first_seq + max(1, units // DECODE_COST)
+        decode_known = _compiled.decode_known
         while offset < end and seq < stop:
+            # The same loop compiled, for what needs no judgement: 0.56 us per plain
+            # record, 0.71 keyed, against 2.4 and 2.9 here (2026-11-29, 20k records).
+            if decode_known is not None:
+                known, offset, seq = decode_known(
+                    data, offset, end, seq, stop, make_id, ImmutableMessage, _vchannel_str,
+                    _types, _ext_cache, _last_confirmed_ids, NO_PROPERTIES,
+                )  # fmt: skip
+                out += known
+                if offset >= end or seq >= stop:
+                    break
+            # What it left: decoded here (its name, type or ext learnt), or raised.
             message, offset = _decode_at(data, offset, end, make_id(seq))
             out.append(message)
             seq += 1

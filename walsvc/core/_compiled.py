@@ -10,6 +10,7 @@ __all__ = (
     "are_keyed",
     "are_plain",
     "decode_columns_into",
+    "decode_known",
     "encode_keyed_batch",
     "encode_plain_batch",
     "encode_plain_one",
@@ -20,6 +21,7 @@ __all__ = (
 )
 
 decode_columns_into: Callable[..., None] | None
+decode_known: Callable[..., tuple[list[Any], int, int]] | None
 gather_payloads: Callable[[bytes | memoryview, list[int], list[int]], tuple[bytes, bytes]] | None
 encode_plain_batch: Callable[..., list[bytes] | None] | None
 encode_keyed_batch: Callable[..., list[bytes] | None] | None
@@ -39,10 +41,12 @@ try:
     from . import _speedups
 except ImportError:
     decode_columns_into = gather_payloads = numbered_strings = match_hashes = None
+    decode_known = None
     encode_plain_batch = encode_plain_one = are_plain = None
     encode_keyed_batch = are_keyed = user_batch_kind = None
 else:
     decode_columns_into = _speedups.decode_columns_into
+    decode_known = _speedups.decode_known
     gather_payloads = _speedups.gather_payloads
     encode_plain_batch = _speedups.encode_plain_batch
     encode_plain_one = _speedups.encode_plain_one

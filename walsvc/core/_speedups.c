@@ -82,6 +82,25 @@
  * a check: the caller's Python loop goes on from there and raises the CorruptRecord
  * naming the fault. About 5 ns an envelope instead of about 0.5 us.
  *
+ * decode_known(data, start, end, seq, stop, make_id, message_cls, vchannels, types, exts,
+ *              last_confirmed_ids, no_properties) -> (messages, offset, seq)
+ *
+ * the loop of walsvc.core._codec.decode_chunk for a filter that admits everything: the
+ * envelopes from `start` (the first numbered `seq`) until `end` or sequence number
+ * `stop`, each made into ImmutableMessage(make_id(seq), ...) as _codec._decode_at makes
+ * it, with the offset and sequence number after the last one made. It makes only what
+ * needs no judgement, from the caller's caches (vchannels: _codec._vchannel_str, UTF-8
+ * name -> (name, hash); types: number -> MessageType; exts: _codec._ext_cache, ext
+ * section -> (last-confirmed id, txn); last_confirmed_ids: text -> id), and the ext
+ * section of a keyed message ([{}, str, nil, str] in msgpack) besides: it stops, raising
+ * nothing, at the first envelope with a header that fails a check, a name, type, ext or
+ * last-confirmed text not in the caches, or a last-confirmed id of another class than
+ * make_id's, and makes nothing if a sequence number passes 2**63 - 1. The caller's
+ * Python loop decodes that one (filling the caches, or raising the CorruptRecord that
+ * names the fault) and calls again. About 0.6 us a message instead of 2.4 (keyed:
+ * 0.7 and 2.9): a catch-up read of a file log, embedded, went from about 220k to 700k
+ * messages/s.
+ *
  * The envelope header is 36 bytes, little-endian ("<BBHIIHHQQI"): version, flags, type,
  * total length, vchannel hash, vchannel length, reserved, timetick, term, ext length.
  */
@@ -858,6 +877,259 @@ done:
     return result;
 }
 
+/* -- decode_known: the messages of a run of envelopes decoding needs no judgement for -- */
+
+/* The str of the msgpack str (fixstr or str8) at p, before `limit`, its end in *next;
+ * NULL, no error set, if the bytes are not one of those forms or not UTF-8. */
+static PyObject *
+msgpack_str(const unsigned char *p, const unsigned char *limit, const unsigned char **next)
+{
+    Py_ssize_t len;
+    const unsigned char *s;
+    if (p >= limit) {
+        return NULL;
+    }
+    if ((p[0] & 0xe0) == 0xa0) {
+        len = p[0] & 0x1f;
+        s = p + 1;
+    }
+    else if (p[0] == 0xd9 && limit - p >= 2) {
+        len = p[1];
+        s = p + 2;
+    }
+    else {
+        return NULL;
+    }
+    if (len > limit - s) {
+        return NULL;
+    }
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)s, len, NULL);
+    if (text == NULL) {
+        PyErr_Clear(); /* the Python path decodes it and says what is wrong */
+        return NULL;
+    }
+    *next = s + len;
+    return text;
+}
+
+/* The last-confirmed text and key of an ext section that is exactly [{}, str, nil, str]
+ * (a keyed message's: no properties, no txn): 1 and two new references, else 0. */
+static int
+keyed_ext(const unsigned char *p, Py_ssize_t len, PyObject **lc, PyObject **key)
+{
+    const unsigned char *limit = p + len, *next = NULL;
+    *lc = *key = NULL;
+    if (len < 5 || p[0] != 0x94 || p[1] != 0x80) {
+        return 0;
+    }
+    *lc = msgpack_str(p + 2, limit, &next);
+    if (*lc == NULL || next >= limit || *next != 0xc0) {
+        Py_CLEAR(*lc);
+        return 0;
+    }
+    *key = msgpack_str(next + 1, limit, &next);
+    if (*key == NULL || next != limit) {
+        Py_CLEAR(*lc);
+        Py_CLEAR(*key);
+        return 0;
+    }
+    return 1;
+}
+
+/* What decode_known reads its records with (see the module comment). */
+typedef struct {
+    PyObject *make_id, *message_cls, *vchannels, *types, *exts, *lc_ids, *no_properties;
+} Known;
+
+/* The message of the envelope at p (`total` bytes, its header checked) with sequence
+ * number `seq`: 1 and *out, 0 if it needs the Python path (declined), -1 on an error. */
+static int
+decode_one(const Known *k, const unsigned char *p, uint32_t total, long long seq,
+           PyObject **out)
+{
+    uint16_t vc_len = read16(p + 12);
+    uint32_t ext_len = read32(p + 32);
+    Py_ssize_t ext_start = HEADER_SIZE + (Py_ssize_t)vc_len;
+    Py_ssize_t payload_start = ext_start + (Py_ssize_t)ext_len;
+    if (payload_start > (Py_ssize_t)total) {
+        return 0;
+    }
+    PyObject *vchannel = NULL, *type = NULL, *id = NULL, *lc = NULL, *txn = NULL,
+             *key = NULL, *payload = NULL, *timetick = NULL, *term = NULL;
+    int status = -1;
+    PyObject *found, *name = PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE, vc_len);
+    if (name == NULL) {
+        return -1;
+    }
+    found = PyDict_GetItemWithError(k->vchannels, name); /* (str, hash) */
+    Py_DECREF(name);
+    if (found == NULL || !PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 2) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    unsigned long hash = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(found, 1));
+    if (hash == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (hash != read32(p + 8)) {
+        return 0;
+    }
+    vchannel = Py_NewRef(PyTuple_GET_ITEM(found, 0));
+    PyObject *number = PyLong_FromLong(read16(p + 2));
+    if (number == NULL) {
+        goto done;
+    }
+    found = PyDict_GetItemWithError(k->types, number);
+    Py_DECREF(number);
+    if (found == NULL) {
+        status = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    type = Py_NewRef(found);
+    number = PyLong_FromLongLong(seq);
+    if (number == NULL) {
+        goto done;
+    }
+    id = PyObject_CallOneArg(k->make_id, number);
+    Py_DECREF(number);
+    if (id == NULL) {
+        goto done;
+    }
+    if (ext_len == 0) {
+        lc = Py_NewRef(Py_None);
+        txn = Py_NewRef(Py_None);
+        key = Py_NewRef(Py_None);
+    }
+    else {
+        PyObject *ext = PyBytes_FromStringAndSize((const char *)p + ext_start, ext_len);
+        if (ext == NULL) {
+            goto done;
+        }
+        found = PyDict_GetItemWithError(k->exts, ext); /* (last-confirmed id, txn) */
+        Py_DECREF(ext);
+        if (found != NULL) {
+            if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 2) {
+                status = 0;
+                goto done;
+            }
+            lc = Py_NewRef(PyTuple_GET_ITEM(found, 0));
+            txn = Py_NewRef(PyTuple_GET_ITEM(found, 1));
+            key = Py_NewRef(Py_None);
+        }
+        else if (PyErr_Occurred()) {
+            goto done;
+        }
+        else {
+            PyObject *text;
+            if (!keyed_ext(p + ext_start, ext_len, &text, &key)) {
+                status = 0;
+                goto done;
+            }
+            found = PyDict_GetItemWithError(k->lc_ids, text);
+            Py_DECREF(text);
+            if (found == NULL) {
+                status = PyErr_Occurred() ? -1 : 0;
+                goto done;
+            }
+            lc = Py_NewRef(found);
+            txn = Py_NewRef(Py_None);
+        }
+        if (lc != Py_None && Py_TYPE(lc) != Py_TYPE(id)) {
+            status = 0; /* an id of another log: the Python path says so */
+            goto done;
+        }
+    }
+    payload = PyBytes_FromStringAndSize((const char *)p + payload_start,
+                                        (Py_ssize_t)total - payload_start);
+    timetick = PyLong_FromUnsignedLongLong(read64(p + 16));
+    term = PyLong_FromUnsignedLongLong(read64(p + 24));
+    if (payload == NULL || timetick == NULL || term == NULL) {
+        goto done;
+    }
+    PyObject *fields[10] = {id, timetick, vchannel, type, payload, k->no_properties, lc, txn,
+                            key, term};
+    *out = PyObject_Vectorcall(k->message_cls, fields, 10, NULL);
+    status = *out == NULL ? -1 : 1;
+done:
+    Py_XDECREF(vchannel);
+    Py_XDECREF(type);
+    Py_XDECREF(id);
+    Py_XDECREF(lc);
+    Py_XDECREF(txn);
+    Py_XDECREF(key);
+    Py_XDECREF(payload);
+    Py_XDECREF(timetick);
+    Py_XDECREF(term);
+    return status;
+}
+
+static PyObject *
+decode_known(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "decode_known takes 12 arguments");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
+    int seq_over = 0, stop_over = 0;
+    long long seq = PyLong_AsLongLongAndOverflow(args[3], &seq_over);
+    long long stop = PyLong_AsLongLongAndOverflow(args[4], &stop_over);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (seq_over || stop_over) { /* numbers past 2**63 - 1: left to the Python path */
+        return Py_BuildValue("(NnO)", PyList_New(0), start, args[3]);
+    }
+    Known k = {args[5], args[6], args[7], args[8], args[9], args[10], args[11]};
+    if (!PyDict_CheckExact(k.vchannels) || !PyDict_CheckExact(k.types) ||
+        !PyDict_CheckExact(k.exts) || !PyDict_CheckExact(k.lc_ids)) {
+        PyErr_SetString(PyExc_TypeError, "decode_known's caches must be dicts");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *messages = NULL, *result = NULL;
+    if (start < 0 || end > view.len || start > end) {
+        PyErr_Format(PyExc_ValueError, "run [%zd, %zd) is outside the %zd bytes given", start,
+                     end, view.len);
+        goto done;
+    }
+    messages = PyList_New(0);
+    if (messages == NULL) {
+        goto done;
+    }
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t offset = start;
+    while (offset < end && seq < stop && end - offset >= HEADER_SIZE) {
+        const unsigned char *p = buf + offset;
+        uint32_t total = read32(p + 4);
+        if (p[0] != VERSION || p[1] != 0 || read16(p + 14) != 0 || total < HEADER_SIZE ||
+            (Py_ssize_t)total > end - offset) {
+            break; /* the Python path raises the CorruptRecord that names it */
+        }
+        PyObject *message = NULL;
+        int status = decode_one(&k, p, total, seq, &message);
+        if (status < 0) {
+            goto done;
+        }
+        if (status == 0) {
+            break;
+        }
+        if (append_new(messages, message) < 0) {
+            goto done;
+        }
+        offset += (Py_ssize_t)total;
+        seq += 1;
+    }
+    result = Py_BuildValue("(OnL)", messages, offset, seq);
+done:
+    Py_XDECREF(messages);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_columns_into", decode_columns_into, METH_VARARGS,
      "The loop of walsvc.core._codec.decode_columns, compiled (see the module comment)."},
@@ -880,6 +1152,9 @@ static PyMethodDef methods[] = {
      "prefix + str(first + i) as an Arrow string column's buffers, see the module comment."},
     {"match_hashes", match_hashes, METH_VARARGS,
      "The header walk of a vchannel-only filter, see the module comment."},
+    {"decode_known", (PyCFunction)(void (*)(void))decode_known, METH_FASTCALL,
+     "The messages of a run of envelopes, up to one needing judgement; see the module "
+     "comment."},
     {"gather_payloads", gather_payloads, METH_VARARGS,
      "The payload column of a run: (int32 offsets, values), see the module comment."},
     {NULL, NULL, 0, NULL},

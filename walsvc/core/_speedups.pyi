@@ -66,3 +66,18 @@ def match_hashes(
     extra: int,
     /,
 ) -> tuple[list[int], int, int, int]: ...
+def decode_known(
+    data: bytes | memoryview,
+    start: int,
+    end: int,
+    seq: int,
+    stop: int,
+    make_id: Callable[[int], Any],
+    message_cls: type,
+    vchannels: dict[bytes, tuple[str, int]],
+    types: dict[int, Any],
+    exts: dict[bytes, tuple[Any, Any]],
+    last_confirmed_ids: dict[str, Any],
+    no_properties: Any,
+    /,
+) -> tuple[list[Any], int, int]: ...

@@ -1,0 +1,170 @@
+"""The compiled decode of a run read with a filter that admits everything
+(``_speedups.decode_known``, used by ``walsvc.core._codec.decode_chunk``) against the
+Python loop it shortens: the same messages, stopping point and units for every budget,
+and the same ``CorruptRecord`` (same message) for a run with bytes flipped or its tail
+cut. The compiled loop makes only what the codec's caches know and keyed messages' ext
+sections; every record it leaves is the Python loop's, so runs mix all kinds: keyed and
+plain messages, properties, transactions, last-confirmed ids of this log and of another,
+names and types seen before and new."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _envelope_strategies import MESSAGE_TYPES, PAYLOADS, TEXT, TXNS, in_python
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import walsvc.core._codec
+import walsvc.core._compiled
+from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType
+from walsvc.backends._file._ids import FileMessageId
+from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._budget import DECODE_COST
+from walsvc.core._codec import decode_chunk
+from walsvc.core._encode import encode
+from walsvc.core._message import NO_PROPERTIES
+
+VCHANNELS = st.one_of(st.sampled_from(["", "a", "b", "plumless", "buckeroo"]), TEXT)
+# Producer keys ("~<id>.<n>"), short and long msgpack strs (fixstr, str8, str16).
+KEYS = st.one_of(
+    st.none(),
+    st.just(""),
+    TEXT,
+    st.from_regex(r"~[A-Za-z0-9_-]{16}\.[0-9a-f]{1,16}", fullmatch=True),
+    st.text(min_size=30, max_size=300),
+)
+# Mostly ids of the log read (memory), a few of another (file): those are corrupt.
+LAST_CONFIRMED = st.one_of(
+    st.none(),
+    st.builds(MemoryMessageId, st.integers(0, 5)),
+    st.builds(MemoryMessageId, st.integers(0, 2**64 - 1)),
+    st.builds(FileMessageId, st.integers(0, 5)),
+)
+RECORDS = st.lists(
+    st.tuples(
+        VCHANNELS,
+        MESSAGE_TYPES,
+        st.one_of(st.just(b"p"), st.binary(min_size=150, max_size=400), PAYLOADS),
+        st.one_of(st.just({}), st.just({}), st.dictionaries(TEXT, TEXT, max_size=3)),
+        KEYS,
+        LAST_CONFIRMED,
+        st.one_of(st.just(None), TXNS),
+        st.integers(0, 2**64 - 1),
+    ),
+    max_size=30,
+)
+
+
+def _chunk(run: bytes | memoryview, start: int, units: int) -> Any:
+    """What a reader stepping through ``run`` with ``units`` a step gets: each step's
+    (messages, offset, seq, units spent), until the end or the CorruptRecord (its
+    message) that stops it, so that the messages before a damaged record count too."""
+    steps: list[Any] = []
+    offset, seq = start, 3
+    try:
+        while offset < len(run):
+            step = decode_chunk(run, seq, MemoryMessageId, Filter(), offset, len(run), units)
+            steps.append(step)
+            offset, seq = step[1], step[2]
+    except CorruptRecord as exc:
+        steps.append(f"CorruptRecord: {exc}")
+    return steps
+
+
+def _run(records: list[Any], before: bytes) -> bytearray:
+    run = bytearray(before)
+    for vchannel, type_, payload, properties, key, last_confirmed, txn, tick in records:
+        message = Message(
+            payload=payload,
+            vchannel=vchannel,
+            type=type_,
+            properties=properties,
+            idempotency_key=key,
+        )
+        run += encode(message, timetick=tick, term=7, last_confirmed=last_confirmed, txn=txn)
+    return run
+
+
+def test_the_compiled_decode_is_built() -> None:
+    assert walsvc.core._compiled.decode_known is not None
+
+
+@given(
+    RECORDS,
+    st.integers(1, 40 * DECODE_COST),
+    st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=3),
+    st.one_of(st.just(0), st.integers(0, 2**16)),
+    st.binary(max_size=9),
+)
+@example(
+    [("a", MessageType.INSERT, b"x", {}, "k", MemoryMessageId(1), None, 5)] * 3, 99, [], 0, b""
+)
+@example([("a", MessageType.INSERT, b"x", {}, "k", FileMessageId(1), None, 5)] * 2, 99, [], 0, b"")
+@example(  # keys as a msgpack str8 (made) and a str16 (left to Python)
+    [
+        ("a", MessageType.INSERT, b"x", {}, key, MemoryMessageId(1), None, 5)
+        for key in ("k" * 100, "k" * 300, "k" * 100)
+    ],
+    99,
+    [],
+    0,
+    b"",
+)
+def test_the_compiled_decode_makes_and_refuses_what_the_python_loop_does(
+    records: list[Any], units: int, flips: list[tuple[int, int]], cut: int, before: bytes
+) -> None:
+    run = _run(records, before)
+    body = len(run) - len(before)
+    if body:
+        for position, value in flips:
+            run[len(before) + position % body] = value
+        if cut:
+            del run[len(run) - cut % body :]
+    view = memoryview(bytes(run))
+    python = in_python(_chunk, view, len(before), units)  # first: it fills the caches
+    assert _chunk(view, len(before), units) == python
+    assert _chunk(bytes(view), len(before), units) == python
+
+
+def test_a_run_of_known_plain_and_keyed_records_is_made_whole_by_the_compiled_loop() -> None:
+    """Once the Python loop has seen a run's names, types and last-confirmed ids, the
+    compiled loop makes every message of it (the property above would hold if it
+    declined everything)."""
+    decode_known = walsvc.core._compiled.decode_known
+    assert decode_known is not None
+    records = [
+        (f"v{i % 3}", MessageType.INSERT, b"x" * i, {}, f"~p.{i:x}" if i % 2 else None,
+         MemoryMessageId(i // 4), None, 100 + i)
+        for i in range(12)
+    ]  # fmt: skip
+    run = bytes(_run(records, b""))
+    (python,) = in_python(_chunk, run, 0, 99 * DECODE_COST)
+    messages, offset, seq = decode_known(run, 0, len(run), 3, 99, MemoryMessageId, *_caches())
+    assert (messages, offset, seq) == (python[0], len(run), 15)
+    assert [m.idempotency_key for m in messages[:2]] == [None, "~p.1"]
+
+
+def _caches() -> list[Any]:
+    codec = walsvc.core._codec
+    return [
+        ImmutableMessage,
+        codec._vchannel_str,
+        codec._types,
+        codec._ext_cache,
+        codec._last_confirmed_ids,
+        NO_PROPERTIES,
+    ]
+
+
+def test_arguments_outside_the_buffer_or_of_the_wrong_kind_are_refused() -> None:
+    decode_known = walsvc.core._compiled.decode_known
+    assert decode_known is not None
+    with pytest.raises(ValueError, match="outside"):
+        decode_known(b"abc", 0, 4, 0, 9, MemoryMessageId, *_caches())
+    with pytest.raises(TypeError, match="dicts"):
+        decode_known(b"", 0, 0, 0, 9, MemoryMessageId, ImmutableMessage, [], {}, {}, {}, None)
+    with pytest.raises(TypeError, match="12 arguments"):
+        decode_known(b"", 0, 0)
+    assert decode_known(b"", 0, 0, 0, 9, MemoryMessageId, *_caches()) == ([], 0, 0)
