@@ -18,3 +18,9 @@ def encode_append(
 def results_of(
     wire_results: list[Any], classes: dict[str, type], lc_ids: Any, /
 ) -> list[Any] | None: ...
+def bind_delivered(
+    wire_delivered_cls: type, message_cls: type, types: dict[int, Any], /
+) -> bool: ...
+def delivered_of(
+    wire_delivered: list[Any], classes: dict[str, type], lc_ids: Any, /
+) -> list[Any] | None: ...

@@ -188,6 +188,11 @@ def _check_user_message(message: Message) -> None:
 compiled: Final = _cclient is not None and _cclient.bind(
     Message, WireResult, AppendResult, _Ids, SYSTEM_TYPES, PRODUCER_KEY_PREFIX
 )
+#: Whether a scanner's deliveries become messages in the compiled client too
+#: (``_cclient.delivered_of``: ``RemoteWAL._message`` of a Delivered's messages in one call).
+compiled_deliveries: Final = compiled and _cclient.bind_delivered(
+    WireDelivered, ImmutableMessage, _TYPES
+)
 
 
 @final
@@ -501,6 +506,14 @@ class RemoteWAL(WAL):
 
     def _forget_scanner(self, scanner: RemoteScanner) -> None:
         self._scanners.discard(scanner)
+
+    def _messages(self, wires: list[WireDelivered]) -> list[ImmutableMessage]:
+        """``_message`` of each of ``wires`` (a Delivered's), compiled where it can be."""
+        if compiled_deliveries:
+            made = _cclient.delivered_of(wires, self._sequences, self._lc_ids)
+            if made is not None:
+                return made
+        return [self._message(wire) for wire in wires]
 
     def _message(self, wire: WireDelivered) -> ImmutableMessage:
         ids = self._ids

@@ -340,8 +340,7 @@ class RemoteScanner(Scanner):
         if self._user_closed:
             raise StopAsyncIteration
         wire = self._buffer.popleft()
-        to_message = self._wal._message
-        batch = [to_message(m) for m in wire]
+        batch = self._wal._messages(wire)
         self._grant(len(wire), sum(map(_cost, wire)))
         self._delivered += len(batch)
         self._position = batch[-1].message_id
