@@ -1,5 +1,6 @@
-"""Hypothesis strategies for envelopes' fields, shared by the codec's tests, and
-``in_python``: a call with walsvc's compiled loops switched off."""
+"""Hypothesis strategies for envelopes' fields, shared by the codec's tests;
+``in_python``: a call with walsvc's compiled loops switched off; ``damage``: a run with
+bytes flipped and its tail cut."""
 
 from __future__ import annotations
 
@@ -42,3 +43,15 @@ def in_python(function: Any, *args: Any) -> Any:
     finally:
         for name, value in zip(names, saved, strict=True):
             setattr(compiled, name, value)
+
+
+def damage(run: bytearray, start: int, flips: list[tuple[int, int]], cut: int) -> bytes:
+    """``run`` with, after byte ``start``, each (position, value) of ``flips`` written
+    (positions wrap around that body) and ``cut`` bytes (wrapping too) cut from its end."""
+    body = len(run) - start
+    if body:
+        for position, value in flips:
+            run[start + position % body] = value
+        if cut:
+            del run[len(run) - cut % body :]
+    return bytes(run)

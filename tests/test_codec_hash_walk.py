@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from _envelope_strategies import damage
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -69,15 +70,9 @@ def test_the_compiled_walk_decodes_and_refuses_what_the_python_walk_does(
     for vchannel, payload, tick in records:
         message = Message(payload=payload, vchannel=vchannel, type=MessageType.INSERT)
         run += encode(message, timetick=tick, term=1)
-    body = len(run) - len(before)
-    if body:
-        for position, value in flips:
-            run[len(before) + position % body] = value
-        if cut:
-            del run[len(run) - cut % body :]
     selected = Filter(vchannels=wanted)
     assert selected.vchannels_only
-    view = memoryview(bytes(run))
+    view = memoryview(damage(run, len(before), flips, cut))
     compiled = _chunk(view, selected, len(before), len(view), units)
     with _python_walk():
         python = _chunk(view, selected, len(before), len(view), units)

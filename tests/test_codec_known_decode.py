@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _envelope_strategies import MESSAGE_TYPES, PAYLOADS, TEXT, TXNS, in_python
+from _envelope_strategies import MESSAGE_TYPES, PAYLOADS, TEXT, TXNS, damage, in_python
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -116,13 +116,7 @@ def test_the_compiled_decode_makes_and_refuses_what_the_python_loop_does(
     records: list[Any], units: int, flips: list[tuple[int, int]], cut: int, before: bytes
 ) -> None:
     run = _run(records, before)
-    body = len(run) - len(before)
-    if body:
-        for position, value in flips:
-            run[len(before) + position % body] = value
-        if cut:
-            del run[len(run) - cut % body :]
-    view = memoryview(bytes(run))
+    view = memoryview(damage(run, len(before), flips, cut))
     python = in_python(_chunk, view, len(before), units)  # first: it fills the caches
     assert _chunk(view, len(before), units) == python
     assert _chunk(bytes(view), len(before), units) == python

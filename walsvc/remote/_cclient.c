@@ -555,6 +555,71 @@ same_text(PyObject *a, PyObject *b)
            memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * PyUnicode_KIND(a)) == 0;
 }
 
+/* The ids of one call: the parser of message ids (`ids`) and a copy of the one-entry
+ * cache of the client's last-confirmed id parser (an _Ids: the text last parsed and its
+ * id), which goes back into it only if the call's output is kept, as _Ids.__call__ moves
+ * it. */
+typedef struct {
+    Ids ids;
+    PyObject *last_text, *last;
+} Parsing;
+
+/* Start `p` with `classes` (scheme -> id class) and the cache of `lc_ids`: 0, or 1 if
+ * `lc_ids` is not an _Ids whose cache can be read (the caller declines). */
+static int
+parsing_start(Parsing *p, PyObject *classes, PyObject *lc_ids)
+{
+    if (ids_type == NULL || !PyDict_CheckExact(classes) || !Py_IS_TYPE(lc_ids, ids_type)) {
+        return 1;
+    }
+    p->last_text = slot(lc_ids, last_text_offset);
+    p->last = slot(lc_ids, last_offset);
+    if (p->last_text == NULL || p->last == NULL) {
+        return 1;
+    }
+    Py_INCREF(p->last_text);
+    Py_INCREF(p->last);
+    p->ids = (Ids){classes, NULL, NULL, 0, NULL};
+    return 0;
+}
+
+/* The last-confirmed id of `text` (None for None; the cached id for the cached text;
+ * else parsed, and cached): a new reference, or NULL with *status as parse_id sets it. */
+static PyObject *
+parsing_lc(Parsing *p, PyObject *text, int *status)
+{
+    if (text == Py_None) {
+        return Py_NewRef(Py_None);
+    }
+    if (p->last != Py_None && same_text(text, p->last_text)) {
+        return Py_NewRef(p->last);
+    }
+    PyObject *lc = parse_id(text, &p->ids, status);
+    if (lc != NULL) {
+        Py_SETREF(p->last_text, Py_NewRef(text));
+        Py_SETREF(p->last, Py_NewRef(lc));
+    }
+    return lc;
+}
+
+/* End `p`: its cache goes back into `lc_ids` if `keep`, else is dropped. */
+static void
+parsing_end(Parsing *p, PyObject *lc_ids, int keep)
+{
+    Py_XDECREF(p->ids.scheme);
+    Py_XDECREF(p->ids.cls);
+    if (keep) {
+        PyObject **cache_text = (PyObject **)((char *)lc_ids + last_text_offset);
+        PyObject **cache = (PyObject **)((char *)lc_ids + last_offset);
+        Py_XSETREF(*cache_text, p->last_text);
+        Py_XSETREF(*cache, p->last);
+    }
+    else {
+        Py_DECREF(p->last_text);
+        Py_DECREF(p->last);
+    }
+}
+
 static PyObject *
 results_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -563,19 +628,11 @@ results_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *wires = args[0], *lc_ids = args[2];
-    if (message_type == NULL || !PyList_CheckExact(wires) || !PyDict_CheckExact(args[1]) ||
-        !Py_IS_TYPE(lc_ids, ids_type)) {
+    Parsing p;
+    if (message_type == NULL || !PyList_CheckExact(wires) ||
+        parsing_start(&p, args[1], lc_ids) != 0) {
         Py_RETURN_NONE;
     }
-    /* the lc cache, as _Ids keeps it: the text last parsed and its id */
-    PyObject *last_text = slot(lc_ids, last_text_offset);
-    PyObject *last = slot(lc_ids, last_offset);
-    if (last_text == NULL || last == NULL) {
-        Py_RETURN_NONE;
-    }
-    Py_INCREF(last_text);
-    Py_INCREF(last);
-    Ids ids = {args[1], NULL, NULL, 0, NULL};
     Py_ssize_t n = PyList_GET_SIZE(wires);
     PyObject *results = PyList_New(n);
     int s = results == NULL ? -1 : 0;
@@ -596,25 +653,14 @@ results_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             s = 1;
             break;
         }
-        PyObject *id = parse_id(text, &ids, &s);
+        PyObject *id = parse_id(text, &p.ids, &s);
         if (id == NULL) {
             break;
         }
-        PyObject *lc;
-        if (lc_text == Py_None) {
-            lc = Py_NewRef(Py_None);
-        }
-        else if (last != Py_None && same_text(lc_text, last_text)) {
-            lc = Py_NewRef(last);
-        }
-        else {
-            lc = parse_id(lc_text, &ids, &s);
-            if (lc == NULL) {
-                Py_DECREF(id);
-                break;
-            }
-            Py_SETREF(last_text, Py_NewRef(lc_text));
-            Py_SETREF(last, Py_NewRef(lc));
+        PyObject *lc = parsing_lc(&p, lc_text, &s);
+        if (lc == NULL) {
+            Py_DECREF(id);
+            break;
         }
         PyObject *fields[3] = {id, timetick, lc};
         PyObject *result = PyObject_Vectorcall(append_result_cls, fields, 3, NULL);
@@ -626,17 +672,10 @@ results_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
         PyList_SET_ITEM(results, i, result);
     }
-    Py_XDECREF(ids.scheme);
-    Py_XDECREF(ids.cls);
-    if (s == 0) { /* the cache moves on only when the results are this call's */
-        PyObject **cache_text = (PyObject **)((char *)lc_ids + last_text_offset);
-        PyObject **cache = (PyObject **)((char *)lc_ids + last_offset);
-        Py_XSETREF(*cache_text, last_text);
-        Py_XSETREF(*cache, last);
+    parsing_end(&p, lc_ids, s == 0); /* the cache moves on only with this call's results */
+    if (s == 0) {
         return results;
     }
-    Py_DECREF(last_text);
-    Py_DECREF(last);
     Py_XDECREF(results);
     return s > 0 ? Py_NewRef(Py_None) : NULL;
 }
@@ -692,18 +731,11 @@ delivered_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     PyObject *wires = args[0], *lc_ids = args[2];
-    if (delivered_type == NULL || ids_type == NULL || !PyList_CheckExact(wires) ||
-        !PyDict_CheckExact(args[1]) || !Py_IS_TYPE(lc_ids, ids_type)) {
+    Parsing p;
+    if (delivered_type == NULL || !PyList_CheckExact(wires) ||
+        parsing_start(&p, args[1], lc_ids) != 0) {
         Py_RETURN_NONE;
     }
-    PyObject *last_text = slot(lc_ids, last_text_offset);
-    PyObject *last = slot(lc_ids, last_offset);
-    if (last_text == NULL || last == NULL) {
-        Py_RETURN_NONE;
-    }
-    Py_INCREF(last_text);
-    Py_INCREF(last);
-    Ids ids = {args[1], NULL, NULL, 0, NULL};
     PyObject *no_body = PyTuple_New(0);
     Py_ssize_t n = PyList_GET_SIZE(wires);
     PyObject *messages = no_body == NULL ? NULL : PyList_New(n);
@@ -737,27 +769,12 @@ delivered_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
             break;
         }
         Py_INCREF(type);
-        PyObject *id = parse_id(f[D_ID], &ids, &s);
-        if (id == NULL) {
+        PyObject *id = parse_id(f[D_ID], &p.ids, &s);
+        PyObject *lc = id == NULL ? NULL : parsing_lc(&p, f[D_LC], &s);
+        if (lc == NULL) {
             Py_DECREF(type);
+            Py_XDECREF(id);
             break;
-        }
-        PyObject *lc, *lc_text = f[D_LC];
-        if (lc_text == Py_None) {
-            lc = Py_NewRef(Py_None);
-        }
-        else if (last != Py_None && same_text(lc_text, last_text)) {
-            lc = Py_NewRef(last);
-        }
-        else {
-            lc = parse_id(lc_text, &ids, &s);
-            if (lc == NULL) {
-                Py_DECREF(type);
-                Py_DECREF(id);
-                break;
-            }
-            Py_SETREF(last_text, Py_NewRef(lc_text));
-            Py_SETREF(last, Py_NewRef(lc));
         }
         PyObject *fields[13] = {
             id, f[D_TIMETICK], f[D_VCHANNEL], type, f[D_PAYLOAD], f[D_PROPERTIES], lc,
@@ -773,18 +790,11 @@ delivered_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         }
         PyList_SET_ITEM(messages, i, message);
     }
-    Py_XDECREF(ids.scheme);
-    Py_XDECREF(ids.cls);
     Py_XDECREF(no_body);
-    if (s == 0) { /* the cache moves on only when the messages are this call's */
-        PyObject **cache_text = (PyObject **)((char *)lc_ids + last_text_offset);
-        PyObject **cache = (PyObject **)((char *)lc_ids + last_offset);
-        Py_XSETREF(*cache_text, last_text);
-        Py_XSETREF(*cache, last);
+    parsing_end(&p, lc_ids, s == 0); /* the cache moves on only with this call's messages */
+    if (s == 0) {
         return messages;
     }
-    Py_DECREF(last_text);
-    Py_DECREF(last);
     Py_XDECREF(messages);
     return s > 0 ? Py_NewRef(Py_None) : NULL;
 }
