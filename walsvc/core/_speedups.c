@@ -986,15 +986,6 @@ decode_one(const Known *k, const unsigned char *p, uint32_t total, long long seq
         goto done;
     }
     type = Py_NewRef(found);
-    number = PyLong_FromLongLong(seq);
-    if (number == NULL) {
-        goto done;
-    }
-    id = PyObject_CallOneArg(k->make_id, number);
-    Py_DECREF(number);
-    if (id == NULL) {
-        goto done;
-    }
     if (ext_len == 0) {
         lc = Py_NewRef(Py_None);
         txn = Py_NewRef(Py_None);
@@ -1034,10 +1025,20 @@ decode_one(const Known *k, const unsigned char *p, uint32_t total, long long seq
             lc = Py_NewRef(found);
             txn = Py_NewRef(Py_None);
         }
-        if (lc != Py_None && Py_TYPE(lc) != Py_TYPE(id)) {
-            status = 0; /* an id of another log: the Python path says so */
-            goto done;
-        }
+    }
+    /* the id last: a record declined above costs no id */
+    number = PyLong_FromLongLong(seq);
+    if (number == NULL) {
+        goto done;
+    }
+    id = PyObject_CallOneArg(k->make_id, number);
+    Py_DECREF(number);
+    if (id == NULL) {
+        goto done;
+    }
+    if (lc != Py_None && Py_TYPE(lc) != Py_TYPE(id)) {
+        status = 0; /* an id of another log: the Python path says so */
+        goto done;
     }
     payload = PyBytes_FromStringAndSize((const char *)p + payload_start,
                                         (Py_ssize_t)total - payload_start);
