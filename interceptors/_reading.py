@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import suppress
 from typing import Final
 
 from walsvc.core._chain import AsyncScanner, InterceptorContext
@@ -59,21 +58,33 @@ async def _first_retained(
     context: InterceptorContext, scanner: AsyncScanner, last: MessageId
 ) -> ImmutableMessage | None:
     """The first message of ``scanner``, a read of what is retained; None if, while it
-    waits, ``last`` turns out truncated (checked every ``_RECHECK_SECONDS``): then the
-    retained log starts after ``last`` and the scanner waits for the next append."""
-    fetch = asyncio.ensure_future(anext(scanner))
+    waits, ``last`` turns out truncated: then the retained log starts after ``last`` and
+    the scanner waits for the next append. Each ``_RECHECK_SECONDS`` without a message, a
+    probe looks, beside the read; a probe that fails says nothing (the read goes on)."""
+    fetch: asyncio.Future[ImmutableMessage] = asyncio.ensure_future(anext(scanner))
+    probe: asyncio.Future[bool] | None = None
     try:
         while True:
-            done, _ = await asyncio.wait((fetch,), timeout=_RECHECK_SECONDS)
-            if done:
+            if probe is None:
+                await asyncio.wait((fetch,), timeout=_RECHECK_SECONDS)
+                if not fetch.done():
+                    probe = asyncio.ensure_future(_retained(context, last))
+            else:
+                await asyncio.wait((fetch, probe), return_when=asyncio.FIRST_COMPLETED)
+            if fetch.done():
                 return fetch.result()
-            if not await _retained(context, last):
-                return None
+            if probe is not None and probe.done():
+                if probe.exception() is None and not probe.result():
+                    return None
+                probe = None
     finally:
-        if not fetch.done():
-            fetch.cancel()
-            with suppress(asyncio.CancelledError):
-                await fetch
+        tasks = [task for task in (fetch, probe) if task is not None]
+        for task in tasks:
+            task.cancel()  # no-op for one done
+        await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled():
+                task.exception()  # seen: a failed read raised through fetch.result()
 
 
 async def _retained(context: InterceptorContext, last: MessageId) -> bool:

@@ -92,3 +92,31 @@ async def test_a_truncation_through_the_newest_message_as_a_read_begins_is_notic
         async with asyncio.timeout(10):  # k0 was dropped by the window: the log is read
             assert await wal.recall_keys([("v", "k0")], 0) == [None]
         assert truncations  # the read began from the log's start, where the race is
+
+
+async def test_a_probe_that_fails_while_a_read_waits_leaves_the_read_to_tell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recheck is a probe beside the read: its failure (injected, with a recheck at
+    once) neither fails nor ends the read, which goes on to deliver what is there."""
+    url = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(url, "p", interceptors=[Dedup(max_keys=1)]) as wal:
+        first = await wal.append(Message(payload=b"x", vchannel="v", idempotency_key="k0"))
+        await wal.append(Message(payload=b"x", vchannel="v", idempotency_key="k1"))
+        checked = _reading._retained
+        probes = []
+
+        async def failing_probe(context: object, last: walsvc.MessageId) -> bool:
+            if not probes:  # the check before the read
+                probes.append("check")
+                return await checked(context, last)  # type: ignore[arg-type]
+            probes.append("probe")
+            raise walsvc.BackendUnavailable("the probe's consumer could not start")
+
+        monkeypatch.setattr(_reading, "_retained", failing_probe)
+        monkeypatch.setattr(_reading, "_RECHECK_SECONDS", 0)
+        async with asyncio.timeout(10):  # k0 was dropped by the window: the log is read
+            assert await wal.recall_keys([("v", "k0")], 0) == [first]
+        # The read's first message takes the memory scanner more than one loop turn, so a
+        # probe ran (deterministic: no timing in it, the recheck is at once).
+        assert probes[:2] == ["check", "probe"]
