@@ -273,11 +273,6 @@ def _ext_of(
     return decoded
 
 
-#: Records ``decode_chunk`` decodes in Python after the compiled loop made none, before
-#: trying it again: runs of records it does not make (with properties, say) then cost it
-#: one call in this many.
-_ALONE: Final = 16
-
 #: Last-confirmed ids by their text, for the exts ``_ext_cache`` does not keep: a keyed
 #: message's ext is its own (every remote append carries a producer key), but runs of
 #: messages share one last-confirmed id, parsed once here.
@@ -342,6 +337,12 @@ def decode_run(
     # Every envelope is at least a header long: end - offset bounds the count.
     units = (end - offset) * DECODE_COST
     return decode_chunk(data, first_seq + skip, make_id, selected, offset, end, units)[0]
+
+
+#: Records ``decode_chunk`` decodes in Python after the compiled loop made none, before
+#: trying it again: runs of records it does not make (with properties, say) then cost it
+#: one call in this many.
+_ALONE: Final = 16
 
 
 def decode_chunk(
