@@ -570,8 +570,9 @@ class Dedup:
         the result of the message that settled it, or None if none did (and none is in
         flight: an append in flight is waited for). A key the window holds is answered
         from it; one it may have dropped (settled below ``forgotten_below``, which passed
-        ``since_tick``) is looked up in the log from ``since_tick``, and put back into
-        the window if found. One read of the log serves all of ``keys``.
+        ``since_tick``) is looked up in the log from ``since_tick`` up to
+        ``forgotten_below``, and put back into the window if found. One read of the log
+        serves all of ``keys``, and ends once it has found them all.
 
         For a producer that lost its answers (a reconnecting client of a node) and
         knows that nothing it sends again was sent before a timetick it had seen:
@@ -585,11 +586,14 @@ class Dedup:
         try:
             results = [await self._settled_held(key, False) for key in wanted]
             missing = {key for key, result in zip(wanted, results, strict=True) if not result}
-            if not missing or since_tick >= self._keys.forgotten_below:
+            forgotten_below = self._keys.forgotten_below
+            if not missing or since_tick >= forgotten_below:
                 return results  # the window holds every key settled since then
-            # forgotten_below is at most a settled key's tick + 1, and the newest message
-            # in the log has a tick at least that: the read below reaches it.
-            found = await find_keys_since(self._bound(), missing, since_tick)
+            # A missing key settled, if at all, below forgotten_below (at and above it,
+            # the window holds every settled key): only that stretch is read. It is at
+            # most a settled key's tick + 1, and the newest message in the log has a tick
+            # at least that: the read reaches its end.
+            found = await find_keys_since(self._bound(), missing, since_tick, forgotten_below)
             for key, result in found.items():
                 if key not in self._window:  # else claimed meanwhile: the claim stays
                     self._window[key] = result

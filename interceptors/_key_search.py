@@ -1,12 +1,15 @@
 """Where keyed messages are in the log: the reads ``Dedup`` makes when its window cannot
 tell (the rebuild on open, an ambiguous append's resolution, a Recall of keys the window
-dropped). Each reads a bounded stretch, up to the newest message (``read_through``), and
-keeps nothing of the window's: callers put what is found into it.
+dropped). Each reads a bounded stretch, at most up to the newest message
+(``read_through``), and ends as soon as it can tell: every key found, or, for a Recall,
+the window's horizon reached. None keeps anything of the window's: callers put what is
+found into it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 from walsvc.core._chain import InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
@@ -22,18 +25,20 @@ __all__ = ("find_keys", "find_keys_since", "messages_since")
 
 async def messages_since(
     context: InterceptorContext, tick: int, latest: MessageId
-) -> AsyncIterator[ImmutableMessage]:
+) -> AsyncGenerator[ImmutableMessage, None]:
     """The persisted messages with a tick >= ``tick`` through ``latest``, read from where
     the backend says that tick begins (``start_at_timetick``). If that start is truncated
     meanwhile, what is retained is read instead, from its start: a message may then come
     twice."""
     start = await context.start_at_timetick(tick)
     try:
-        async for message in read_through(context, start, latest, tick):
-            yield message
+        async with aclosing(read_through(context, start, latest, tick)) as messages:
+            async for message in messages:
+                yield message
     except WALTruncated:
-        async for message in read_through(context, DeliverPolicy.all(), latest, tick):
-            yield message
+        async with aclosing(read_through(context, DeliverPolicy.all(), latest, tick)) as again:
+            async for message in again:
+                yield message
 
 
 async def find_keys(
@@ -51,18 +56,20 @@ async def find_keys(
 
 
 async def find_keys_since(
-    context: InterceptorContext, keys: set[Key], since_tick: int
+    context: InterceptorContext, keys: set[Key], since_tick: int, below_tick: int
 ) -> dict[Key, AppendResult]:
-    """The results of the first messages with a tick >= ``since_tick`` that settle
-    ``keys``; ``AppendOutcomeUnknown`` if that stretch of the log cannot be read.
-    Truncated messages are not found: their keys are forgotten, as the rebuild on open
-    forgets them."""
+    """The results of the first messages with a tick in [``since_tick``, ``below_tick``)
+    that settle ``keys``; ``AppendOutcomeUnknown`` if that stretch of the log cannot be
+    read. The read ends at the first message at or above ``below_tick`` (log order is tick
+    order), or once every key is found. Truncated messages are not found: their keys are
+    forgotten, as the rebuild on open forgets them."""
     found: dict[Key, AppendResult] = {}
     try:
         latest = await context.latest_message_id()
         if latest is None:
             return found
-        await _note_first_results(messages_since(context, since_tick, latest), keys, found)
+        messages = messages_since(context, since_tick, latest)
+        await _note_first_results(messages, keys, found, below_tick)
     except (WALError, OSError) as exc:
         raise AppendOutcomeUnknown(
             f"whether {len(keys)} appends sent again landed cannot be told: the dedup"
@@ -73,11 +80,22 @@ async def find_keys_since(
 
 
 async def _note_first_results(
-    messages: AsyncIterator[ImmutableMessage], keys: set[Key], found: dict[Key, AppendResult]
+    messages: AsyncGenerator[ImmutableMessage, None],
+    keys: set[Key],
+    found: dict[Key, AppendResult],
+    below_tick: int | None = None,
 ) -> None:
-    """Put into ``found`` the result of the first of ``messages`` that settles each of
-    ``keys`` (keys already in ``found`` keep theirs)."""
-    async for message in messages:
-        key = settled_key(message)
-        if key in keys and key not in found:
-            found[key] = result_of(message)
+    """Put into ``found`` (empty) the result of the first of ``messages`` that settles
+    each of ``keys``; stop once every key is found, or at the first message with a tick
+    at or above ``below_tick``."""
+    try:
+        async for message in messages:
+            if below_tick is not None and message.timetick >= below_tick:
+                return
+            key = settled_key(message)
+            if key in keys and key not in found:
+                found[key] = result_of(message)
+                if len(found) == len(keys):
+                    return
+    finally:
+        await messages.aclose()

@@ -4,7 +4,7 @@ ambiguous append): a bounded stretch of the log, up to a known newest message.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Final
 
 from walsvc.core._chain import AsyncScanner, InterceptorContext
@@ -23,7 +23,7 @@ _RECHECK_SECONDS: Final = 1.0
 
 async def read_through(
     context: InterceptorContext, start: DeliverPolicy, last: MessageId, min_timetick: int = 0
-) -> AsyncIterator[ImmutableMessage]:
+) -> AsyncGenerator[ImmutableMessage, None]:
     """The persisted messages from ``start`` through ``last`` (inclusive) with a tick >=
     ``min_timetick``; ``last`` itself must pass that floor (it is the newest message).
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _chain_support import HoldBatches, data, log_of, member
@@ -18,6 +19,40 @@ from walsvc import AppendOutcomeUnknown, InvalidArgument
 
 def _small_window(keys: int = 8) -> list[walsvc.abc.ChainMember]:
     return interceptors.default_chain(sync_interval=None, dedup=Dedup(max_keys=keys))
+
+
+class _ReadCount:
+    """How many messages the reads of a Dedup's context delivered (``counting``)."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, dedup: Dedup) -> _ReadCount:
+    """Count the messages every read of ``dedup``'s context delivers from here on."""
+    count = _ReadCount()
+    context = dedup._context
+    read = context.read
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        scanner = read(*args, **kwargs)
+
+        class Counted:
+            def __aiter__(self) -> Counted:
+                return self
+
+            async def __anext__(self) -> walsvc.ImmutableMessage:
+                message = await anext(scanner)
+                count.messages += 1
+                return message
+
+            async def aclose(self) -> None:
+                await scanner.aclose()
+
+        return Counted()
+
+    monkeypatch.setattr(context, "read", counted)
+    return count
 
 
 async def test_keys_the_window_dropped_are_found_in_the_log_and_land_once(url: str) -> None:
@@ -51,6 +86,39 @@ async def test_without_a_dropped_key_the_window_answers_alone(url: str) -> None:
         assert old.timetick < horizon <= kept.timetick
         assert await wal.recall_keys([("v1", "old"), ("v1", "kept")], horizon) == [None, kept]
         assert await wal.recall_keys([("v1", "old")], old.timetick) == [old]
+
+
+async def test_a_recall_reads_only_the_stretch_the_window_forgot(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key the window does not hold settled, if at all, below ``forgotten_below``: the
+    read for it ends there, not at the end of the log (here 300 messages without keys
+    later, which the window never holds)."""
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window()) as wal:
+        seen = (await wal.append(data(b"before"))).timetick
+        for i in range(20):  # the window drops o0..o11
+            await wal.append(data(b"other", idempotency_key=f"o{i}"))
+        await wal.append_many([data(b"plain") for _ in range(300)])
+        dedup = member(wal, Dedup)
+        forgotten_below = dedup._keys.forgotten_below
+        forgotten = sum(1 for m in await log_of(wal) if seen <= m.timetick < forgotten_below)
+        assert 12 <= forgotten < 30
+        read = counting(monkeypatch, dedup)
+        assert await wal.recall_keys([("v1", "never"), ("v2", "o3")], seen) == [None, None]
+        assert forgotten <= read.messages <= forgotten + 1  # the one at forgotten_below
+
+
+async def test_a_recall_stops_reading_once_every_key_is_found(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await walsvc.open_wal(url, "p0", interceptors=_small_window()) as wal:
+        seen = (await wal.append(data(b"before"))).timetick
+        lost = [await wal.append(data(b"lost", idempotency_key=f"k{i}")) for i in range(5)]
+        for i in range(40):  # the window drops k0..k4
+            await wal.append(data(b"other", idempotency_key=f"o{i}"))
+        read = counting(monkeypatch, member(wal, Dedup))
+        assert await wal.recall_keys([("v1", f"k{i}") for i in range(5)], seen) == lost
+        assert read.messages == 6  # "before", k0..k4
 
 
 async def test_a_key_in_flight_is_waited_for(url: str) -> None:
