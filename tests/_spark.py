@@ -3,8 +3,9 @@ and helpers to fill a WAL from synchronous tests.
 
 ``spark`` (session): ``local[2, 3]`` (two cores; a failed task is retried up to 3 times,
 as on a cluster), UI off, two shuffle partitions, filter pushdown for Python data sources
-on, the ``walsvc`` data source registered. Python workers run this interpreter, which
-has walsvc installed. Without Java or pyspark the fixture FAILS; it never skips.
+on, the ``walsvc`` data source registered, its JVM started with ``QUICK_JVM``. Python
+workers run this interpreter, which has walsvc installed. Without Java or pyspark the
+fixture FAILS; it never skips.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from _spark_cluster import QUICK_JVM
 
 import walsvc
 from walsvc import AppendResult, Message
@@ -48,6 +50,7 @@ def spark() -> Iterator[Any]:
         .config("spark.driver.memory", "2g")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.extraJavaOptions", QUICK_JVM)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
