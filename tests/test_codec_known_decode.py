@@ -1,14 +1,16 @@
 """The compiled decode of a run read with a filter that admits everything
-(``_speedups.decode_known``, used by ``walsvc.core._codec.decode_chunk``) against the
-Python loop it shortens: the same messages, stopping point and units for every budget,
-and the same ``CorruptRecord`` (same message) for a run with bytes flipped or its tail
-cut. The compiled loop makes only what the codec's caches know and keyed messages' ext
-sections; every record it leaves is the Python loop's, so runs mix all kinds: keyed and
-plain messages, properties, transactions, last-confirmed ids of this log and of another,
-names and types seen before and new."""
+(``_speedups.decode_known``, used by ``walsvc.core._codec.decode_chunk``; and for each
+match of a vchannel filter) against the Python loop it shortens: the same messages,
+stopping point and units for every budget, and the same ``CorruptRecord`` (same
+message) for a run with bytes flipped or its tail cut. The compiled loop makes only what
+the codec's caches know and keyed messages' ext sections; every record it leaves is the
+Python loop's, so runs mix all kinds: keyed and plain messages, properties,
+transactions, last-confirmed ids of this log and of another, names and types seen before
+and new."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from walsvc.core._codec import decode_chunk
 from walsvc.core._encode import encode
 from walsvc.core._message import NO_PROPERTIES
 
+_ALL = Filter()
 VCHANNELS = st.one_of(st.sampled_from(["", "a", "b", "plumless", "buckeroo"]), TEXT)
 # Producer keys ("~<id>.<n>"), short and long msgpack strs (fixstr, str8, str16).
 KEYS = st.one_of(
@@ -57,7 +60,7 @@ RECORDS = st.lists(
 )
 
 
-def _chunk(run: bytes | memoryview, start: int, units: int) -> Any:
+def _chunk(run: bytes | memoryview, start: int, units: int, selected: Filter = _ALL) -> Any:
     """What a reader stepping through ``run`` with ``units`` a step gets: each step's
     (messages, offset, seq, units spent), until the end or the CorruptRecord (its
     message) that stops it, so that the messages before a damaged record count too."""
@@ -65,7 +68,7 @@ def _chunk(run: bytes | memoryview, start: int, units: int) -> Any:
     offset, seq = start, 3
     try:
         while offset < len(run):
-            step = decode_chunk(run, seq, MemoryMessageId, Filter(), offset, len(run), units)
+            step = decode_chunk(run, seq, MemoryMessageId, selected, offset, len(run), units)
             steps.append(step)
             offset, seq = step[1], step[2]
     except CorruptRecord as exc:
@@ -120,6 +123,77 @@ def test_the_compiled_decode_makes_and_refuses_what_the_python_loop_does(
     python = in_python(_chunk, view, len(before), units)  # first: it fills the caches
     assert _chunk(view, len(before), units) == python
     assert _chunk(bytes(view), len(before), units) == python
+
+
+@given(
+    RECORDS,
+    st.frozensets(st.sampled_from(["", "a", "b", "plumless"]), min_size=1),
+    st.integers(1, 40 * DECODE_COST),
+    st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=3),
+    st.one_of(st.just(0), st.integers(0, 2**16)),
+)
+@example(
+    [(v, MessageType.INSERT, b"x", {}, "k", MemoryMessageId(1), None, 5) for v in "abab"],
+    frozenset("a"),
+    99,
+    [],
+    0,
+)
+def test_the_compiled_decode_of_a_vchannel_filtered_read_is_the_python_loops(
+    records: list[Any],
+    vchannels: frozenset[str],
+    units: int,
+    flips: list[tuple[int, int]],
+    cut: int,
+) -> None:
+    """The matches ``match_hashes`` finds are made by ``decode_known`` where it can."""
+    view = memoryview(damage(_run(records, b""), 0, flips, cut))
+    selected = Filter(vchannels=vchannels)
+    python = in_python(_chunk, view, 0, units, selected)
+    assert _chunk(view, 0, units, selected) == python
+    assert _chunk(bytes(view), 0, units, selected) == python
+
+
+@pytest.mark.parametrize("properties", [False, True])
+def test_the_matches_of_a_vchannel_filter_are_made_by_the_compiled_loop(
+    monkeypatch: pytest.MonkeyPatch, properties: bool
+) -> None:
+    """Every match of a vchannel filter is made by ``decode_known`` but the first, whose
+    name is new to the caches (the property above would hold if it declined them all).
+    Matches it never makes (with properties) are tried twice, then once in ``_ALONE``."""
+    decode_known = walsvc.core._compiled.decode_known
+    assert decode_known is not None
+    fresh = f"fresh-{uuid.uuid4().hex}"  # the caches are the process's: a name never seen
+    records = [
+        (fresh if i % 4 == 1 else f"v{i % 4}", MessageType.INSERT, b"x" * i,
+         {"p": "q"} if properties else {}, f"~p.{i:x}",
+         MemoryMessageId(7), None, 100 + i)
+        for i in range(100)
+    ]  # fmt: skip
+    run = bytes(_run(records, b""))
+    selected = Filter(vchannels=[fresh])
+    made: list[ImmutableMessage] = []
+    calls = 0
+
+    def counted(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        result = decode_known(*args)
+        made.extend(result[0])
+        return result
+
+    monkeypatch.setattr(walsvc.core._compiled, "decode_known", counted)
+    (compiled,) = _chunk(run, 0, 999 * DECODE_COST, selected)
+    monkeypatch.undo()
+    (python,) = in_python(_chunk, run, 0, 999 * DECODE_COST, selected)
+    assert compiled == python
+    assert len(python[0]) == 25
+    if properties:
+        assert made == []
+        assert calls == 3  # the first two matches, then the 18th (after _ALONE = 16)
+    else:
+        assert made == python[0][1:]
+        assert calls == 25
 
 
 def test_a_run_of_known_plain_and_keyed_records_is_made_whole_by_the_compiled_loop() -> None:

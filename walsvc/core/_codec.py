@@ -345,6 +345,39 @@ def decode_run(
 _ALONE: Final = 16
 
 
+def _decode_matches(
+    data: bytes | memoryview, found: list[int], first_seq: int, make_id: Callable[[int], MessageId]
+) -> list[ImmutableMessage]:
+    """The messages of the envelopes ``match_hashes`` found (offset, size and place after
+    ``first_seq``, three ints each): compiled where ``decode_known`` makes them, else
+    ``_decode_at``'s (which learns what was new to the caches, or raises). A match it
+    declines is often the first with a new last-confirmed id, and the next match, with
+    the same, is made again; after two declines in a row, the next ``_ALONE`` are
+    decoded here (matches it never makes, with properties say, then cost it little)."""
+    decode_known = _compiled.decode_known
+    out: list[ImmutableMessage] = []
+    alone = 0  # matches to decode here before the compiled call is tried again
+    declined = False  # the last compiled call made nothing
+    for i in range(0, len(found), 3):
+        at, size, seq = found[i], found[i + 1], first_seq + found[i + 2]
+        if decode_known is not None and alone == 0:
+            known, _, _ = decode_known(
+                data, at, at + size, seq, seq + 1, make_id, ImmutableMessage, _vchannel_str,
+                _types, _ext_cache, _last_confirmed_ids, NO_PROPERTIES,
+            )  # fmt: skip
+            if known:
+                out += known
+                declined = False
+                continue
+            alone = _ALONE if declined else 1
+            declined = True
+        message, _ = _decode_at(data, at, at + size, make_id(seq))
+        out.append(message)
+        if alone:
+            alone -= 1
+    return out
+
+
 def decode_chunk(
     data: bytes | memoryview,
     first_seq: int,
@@ -402,11 +435,7 @@ def decode_chunk(
         match_hashes = _compiled.match_hashes
         if match_hashes is not None:  # the same walk, compiled; it stops at a bad header
             found, offset, examined, left = match_hashes(data, offset, end, hashes, units, extra)
-            for i in range(0, len(found), 3):
-                at = found[i]
-                message, _ = _decode_at(
-                    data, at, at + found[i + 1], make_id(first_seq + found[i + 2])
-                )
+            for message in _decode_matches(data, found, first_seq, make_id):
                 if admits(message):
                     out.append(message)
             seq, stop = first_seq + examined, first_seq + left
