@@ -28,30 +28,32 @@ class _ReadCount:
         self.messages = 0
 
 
+class _Counted:
+    """A scanner of the context's that adds what it delivers to ``count`` (a wrapper, not
+    a generator: ``aclose`` must reach the scanner while a fetch of it is pending)."""
+
+    def __init__(self, scanner: Any, count: _ReadCount) -> None:
+        self._scanner = scanner
+        self._count = count
+
+    def __aiter__(self) -> _Counted:
+        return self
+
+    async def __anext__(self) -> walsvc.ImmutableMessage:
+        message: walsvc.ImmutableMessage = await anext(self._scanner)
+        self._count.messages += 1
+        return message
+
+    async def aclose(self) -> None:
+        await self._scanner.aclose()
+
+
 def counting(monkeypatch: pytest.MonkeyPatch, dedup: Dedup) -> _ReadCount:
     """Count the messages every read of ``dedup``'s context delivers from here on."""
     count = _ReadCount()
     context = dedup._context
     read = context.read
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        scanner = read(*args, **kwargs)
-
-        class Counted:
-            def __aiter__(self) -> Counted:
-                return self
-
-            async def __anext__(self) -> walsvc.ImmutableMessage:
-                message = await anext(scanner)
-                count.messages += 1
-                return message
-
-            async def aclose(self) -> None:
-                await scanner.aclose()
-
-        return Counted()
-
-    monkeypatch.setattr(context, "read", counted)
+    monkeypatch.setattr(context, "read", lambda *args, **kw: _Counted(read(*args, **kw), count))
     return count
 
 
