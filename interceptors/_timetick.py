@@ -90,7 +90,7 @@ class TimetickSync:
         """Bind to the WAL and append the opening TimeTick straight to the backend: it is
         this writer's first record, seeds the last-confirmed id and (on backends that
         fence by writing) fences older writers."""
-        if self._context is not None:
+        if self._context is not None and self._context is not context:
             raise RuntimeError("a TimetickSync serves one WAL; build one per open_wal")
         self._context = context
         result = await context.append_system(_TIME_TICK)

@@ -117,7 +117,7 @@ class Transactions:
 
     async def ready(self, context: InterceptorContext) -> None:
         """Bind to the WAL and roll back the transactions an earlier writer left open."""
-        if self._context is not None:
+        if self._context is not None and self._context is not context:
             raise RuntimeError("a Transactions interceptor serves one WAL")
         self._context = context
         left_open = await _left_open(context)
@@ -126,7 +126,7 @@ class Transactions:
                 f"transaction {txn.txn_id}: the writer that began it stopped; rolled back"
             )
             await context.append_system(_rollback_of(txn, vchannel))
-        self.rolled_back_on_open = len(left_open)
+            self.rolled_back_on_open += 1
 
     def do_append(self, message: Message, call_next: AppendNext) -> Awaitable[AppendResult]:
         """Check transaction messages against their session; pass others through."""

@@ -277,7 +277,7 @@ class FaultSchedule:
                 )
         written = sorted(label for label in ledger.nothing_written if label in delivered)
         assert not written, f"failed as not written, but delivered: {written[:10]}"
-        assert ledger.acks, "the schedule acknowledged nothing"
+        assert ledger.acks, f"the schedule acknowledged nothing: {ledger}"
         return (
             f"{len(ledger.acks)} acknowledged, {len(delivered)} delivered, faults"
             f" {dict(ledger.events)}, errors {dict(ledger.errors)}, unresolved keys"

@@ -169,10 +169,13 @@ class PlainAdmission(Protocol):
 class ReadyInterceptor(Protocol):
     """Optional: recovers state before the first append. The WAL runs every ``ready`` in
     chain order, in the background, as soon as it opens; appends wait for all of them,
-    reads do not. If one fails, every append raises its error."""
+    reads do not. If one fails transiently (a retriable error, ``AppendOutcomeUnknown``)
+    the next append calls it again with the same context, so a hook must allow that;
+    if one fails otherwise, every append raises its error."""
 
     async def ready(self, context: InterceptorContext) -> None:
-        """Bind to the WAL and recover state (e.g. from the log)."""
+        """Bind to the WAL and recover state (e.g. from the log); called again with the
+        same context after it failed transiently."""
         ...
 
 
