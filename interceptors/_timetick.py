@@ -18,6 +18,10 @@ something to do; a WAL with nothing appended since its last TimeTick and nobody 
 for idle ticks is quiet: the timer leaves it alone until the WAL wakes it
 (``InterceptorContext.wake_on_activity``: an append, a tick listener, a scanner waiting
 for ticks), and stops when every WAL is quiet. Idle pchannels cost nothing per interval.
+
+A TimeTick that fails because the backend is away for now (``transient``) is tried again
+after a wait that doubles with each failure, up to 1 s; one that fails for good (the WAL
+was fenced or closed) stops the sync, and the appends report why.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import math
 from typing import Final, final
 
 from walsvc.core._chain import InterceptorContext
-from walsvc.core._errors import WALError
+from walsvc.core._errors import WALError, transient
 from walsvc.core._message import Message, MessageType
 
 __all__ = ("DEFAULT_SYNC_INTERVAL", "MAX_DEFERRALS", "TimetickSync")
@@ -37,6 +41,9 @@ DEFAULT_SYNC_INTERVAL: Final = 0.010
 #: Timer visits a TimeTick waits for a burst of appends to end before it is persisted
 #: anyway (0.1 s at the default interval).
 MAX_DEFERRALS: Final = 9
+#: Timer visits the sync waits at most after a TimeTick failed transiently before it tries
+#: again (1 s at the default interval): the wait doubles from 1 with each failure in a row.
+MAX_BACKOFF_VISITS: Final = 100
 _TIME_TICK: Final = Message(payload=b"", vchannel="", type=MessageType.TIME_TICK)
 
 
@@ -50,6 +57,7 @@ class TimetickSync:
     """
 
     __slots__ = (
+        "_backoff",
         "_context",
         "_deferrals",
         "_interval",
@@ -58,6 +66,7 @@ class TimetickSync:
         "_persisting",
         "_quiet",
         "_seen_tick",
+        "_skipped",
         "_stopped",
     )
 
@@ -78,6 +87,10 @@ class TimetickSync:
         self._seen_tick = 0
         self._deferrals = 0
         self._persisting: asyncio.Task[None] | None = None
+        # After a TimeTick failed transiently: the visits to wait before the next try
+        # (doubling with each failure in a row), and how many of them are left.
+        self._backoff = 0
+        self._skipped = 0
         self._quiet = False  # the timer leaves this WAL alone until it wakes us
         self._stopped = False
 
@@ -116,6 +129,9 @@ class TimetickSync:
         if context is None or self._stopped:
             return False
         if self._persisting is not None:
+            return True
+        if self._skipped:
+            self._skipped -= 1
             return True
         if context.closed:
             self._leave()
@@ -158,9 +174,14 @@ class TimetickSync:
     async def _persist_in_background(self, context: InterceptorContext) -> None:
         try:
             await self._persist(context)
-        except WALError:
-            # Fenced, closed or broken: the appends report it; the sync stops.
-            self._leave()
+            self._backoff = 0
+        except WALError as exc:
+            if not transient(exc):
+                # Fenced, closed or broken: the appends report it; the sync stops.
+                self._leave()
+            else:  # the backend is away for now: a later visit tries again
+                self._backoff = min(2 * self._backoff or 1, MAX_BACKOFF_VISITS)
+                self._skipped = self._backoff
         finally:
             self._persisting = None
 

@@ -159,3 +159,37 @@ async def test_a_reader_started_past_an_idle_tick_never_gets_it(url: str, clock:
                     tick = await asyncio.wait_for(got, 5)
                     assert tick.timetick == persisted
                     assert tick.timetick > sent.timetick
+
+
+async def test_a_timetick_that_failed_transiently_is_tried_again_after_a_backoff() -> None:
+    """The backend is away when the timer persists a TimeTick: the sync waits one visit,
+    then two, ... and persists it once the backend answers (before: the first failure
+    stopped the sync of that WAL for good). The timer is driven by hand."""
+    sync = TimetickSync(3600.0)
+    url = f"{_faulty.SCHEME}://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(url, "tick-backoff", interceptors=[sync]) as wal:
+        await wal.wait_ready()
+        ticker = _timetick._tickers[(asyncio.get_running_loop(), 3600.0)]
+        tried: list[bool] = []
+
+        async def visit() -> None:
+            ticker.fire()
+            persisting = sync._persisting
+            tried.append(persisting is not None)
+            if persisting is not None:
+                await persisting
+
+        await wal.append(data(b"one"))
+        _faulty.FaultyBackend.faults["tick-backoff"] = ["unavailable", "lost-ack", "ok"]
+        for _ in range(12):
+            await visit()
+        log = await log_of(wal)
+    # failed, (a visit skipped), failed, (two skipped), persisted, and nothing since; a
+    # failed append took a tick, so a visit may also wait for that "burst" to end
+    tries = [visit for visit, tried_then in enumerate(tried) if tried_then]
+    assert len(tries) == 3, tried
+    assert tries[1] - tries[0] >= 2, tried
+    assert tries[2] - tries[1] >= 3, tried
+    ticks = [m for m in log if m.type is MessageType.TIME_TICK]
+    assert len(ticks) == 3  # the opening one, the one a lost ack wrote, the last
+    assert sync._backoff == 0

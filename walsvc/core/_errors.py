@@ -30,6 +30,7 @@ __all__ = (
     "WALFenced",
     "WALReadOnly",
     "WALTruncated",
+    "transient",
 )
 
 
@@ -148,9 +149,20 @@ class RoutingMismatch(InvalidArgument):
     changing the routing is an explicit migration (``open_node(..., migrate=True)``)."""
 
 
+def transient(error: BaseException | None) -> bool:
+    """True if ``error`` says the backend failed for now: a retriable error, or an append
+    whose outcome is unknown. A call that may be made twice harmlessly (a read, a
+    TimeTick, a second rollback of a transaction) may succeed if made again; an append
+    of a user's message without a key may not be repeated after ``AppendOutcomeUnknown``."""
+    return isinstance(error, AppendOutcomeUnknown) or (
+        isinstance(error, WALError) and error.retriable
+    )
+
+
 # Public through the ``walsvc`` facade: tracebacks and reprs name them there
 # (``walsvc.WALFenced``) wherever they are raised, also in processes that never touched
 # the facade's names (Spark's workers). Pickle finds them there too.
 for _name in __all__:
-    globals()[_name].__module__ = "walsvc"
+    if isinstance(globals()[_name], type):
+        globals()[_name].__module__ = "walsvc"
 del _name

@@ -20,11 +20,11 @@ from walsvc.backends._base import Backend
 from walsvc.core._chain import InterceptorContext, ReadyInterceptor
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import (
-    AppendOutcomeUnknown,
     BackendUnavailable,
     WALClosed,
     WALError,
     WALTruncated,
+    transient,
 )
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
@@ -80,7 +80,7 @@ class WriterStartup:
         (its cause the failure) if the start failed: ``BackendUnavailable`` after a
         transient failure (this call wrote nothing; the next one starts the hooks
         again), else one of the failure's type (``WALClosed`` if ``cancel`` stopped it)."""
-        if self._task is None and _transient(self._error):
+        if self._task is None and transient(self._error):
             self._error = None
             self._task = self._begin()
         task = self._task
@@ -111,7 +111,7 @@ class WriterStartup:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        elif _transient(self._error):
+        elif transient(self._error):
             self._error = WALClosed(f"WAL {self._backend.pchannel!r} closed while starting")
 
 
@@ -132,21 +132,12 @@ async def _hold_recovered_checkpoint(
     pins[_RECOVERY] = newest.last_confirmed_id
 
 
-def _transient(error: BaseException | None) -> bool:
-    """True if a start that failed with ``error`` may succeed if run again: the backend
-    was away (a retriable error), or a hook's append got no answer (the hooks' appends,
-    a TimeTick and rollbacks of transactions left open, may land twice harmlessly)."""
-    return isinstance(error, AppendOutcomeUnknown) or (
-        isinstance(error, WALError) and error.retriable
-    )
-
-
 def _start_failed(pchannel: str, error: BaseException) -> WALError:
     """What an append raises after the ready hooks failed with ``error``:
     ``BackendUnavailable`` if the failure was transient (the append wrote nothing and
     may be retried), else a WALError of its type (``WALError`` itself for anything
     else)."""
-    if _transient(error):
+    if transient(error):
         return BackendUnavailable(f"WAL {pchannel!r} could not start its writer yet: {error}")
     message = f"WAL {pchannel!r} could not start its writer: {error}"
     if isinstance(error, WALError):
