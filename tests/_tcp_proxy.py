@@ -107,6 +107,8 @@ class TcpProxy:
                 if not data:
                     break
                 await gate.wait()
+                if writer.transport.is_closing():  # cut meanwhile (uvloop raises on write)
+                    break
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.CancelledError):

@@ -29,7 +29,7 @@ from typing import Final, NoReturn, final
 import msgspec
 
 from . import _compiled
-from ._budget import DECODE_COST
+from ._budget import DECODE_COST, HEADER_COST, SKIP_COST
 from ._errors import CorruptRecord, WALError
 from ._filter import Filter, vchannel_hash
 from ._ids import MessageId, unmarshal_message_id
@@ -389,7 +389,8 @@ def decode_chunk(
 ) -> tuple[list[ImmutableMessage], int, int, int]:
     """``decode_run`` from byte ``start`` (that envelope gets id ``make_id(first_seq)``)
     for as long as ``units`` last (see ``_budget``: an envelope decoded costs
-    ``DECODE_COST``, one its header rejects costs 1, and at least one envelope is
+    ``DECODE_COST``, one whose header is rejected ``SKIP_COST`` in the compiled walk of a
+    vchannel filter and ``HEADER_COST`` in Python, and at least one envelope is
     examined): the messages ``selected`` admits, the offset just past the last envelope
     examined (``end`` once the run is done), the sequence number after it, and the units
     spent. For readers that decode a long run a step at a time."""
@@ -425,49 +426,53 @@ def decode_chunk(
             if alone:
                 alone -= 1
         return out, offset, seq, (seq - first_seq) * DECODE_COST
-    # A rejected envelope costs one unit, so ``stop`` bounds the envelopes examined; a
-    # decoded one moves ``stop`` back by the rest of its cost.
-    stop = first_seq + units
-    extra = DECODE_COST - 1
     admits = selected.admits
     hashes = selected.vchannel_hashes
+    spent = 0
     if hashes is not None and selected.vchannels_only:
         match_hashes = _compiled.match_hashes
+        header_cost = HEADER_COST
         if match_hashes is not None:  # the same walk, compiled; it stops at a bad header
-            found, offset, examined, left = match_hashes(data, offset, end, hashes, units, extra)
+            # It charges SKIP_COST (1) a header and ``extra`` more a match, and returns
+            # where its count of units left ended (``left``), after ``examined`` headers.
+            found, offset, examined, left = match_hashes(
+                data, offset, end, hashes, units, DECODE_COST - SKIP_COST
+            )
             for message in _decode_matches(data, found, first_seq, make_id):
                 if admits(message):
                     out.append(message)
-            seq, stop = first_seq + examined, first_seq + left
-        while offset < end and seq < stop:
+            seq, spent, header_cost = first_seq + examined, units - left + examined, SKIP_COST
+        while offset < end and spent < units:  # all of it, or the bad header it stopped at
             if end - offset < HEADER_SIZE:
                 raise CorruptRecord(f"run ends inside a record header at byte {offset}")
             version, _, total, vc_hash = unpack(data, offset)
             if version != VERSION or total < HEADER_SIZE or offset + total > end:
                 _raise_bad_record(data, offset, end)
+            spent += header_cost
             if vc_hash in hashes:
                 message, _ = _decode_at(data, offset, offset + total, make_id(seq))
                 if admits(message):
                     out.append(message)
-                stop -= extra
+                spent += DECODE_COST - header_cost
             offset += total
             seq += 1
-        return out, offset, seq, units - (stop - seq)
+        return out, offset, seq, spent
     prefilter = selected.prefilter
-    while offset < end and seq < stop:
+    while offset < end and spent < units:
         if end - offset < HEADER_SIZE:
             raise CorruptRecord(f"run ends inside a record header at byte {offset}")
         version, type_no, total, vc_hash = unpack(data, offset)
         if version != VERSION or total < HEADER_SIZE or offset + total > end:
             _raise_bad_record(data, offset, end)
+        spent += HEADER_COST
         if prefilter(type_no, vc_hash, _TIMETICK.unpack_from(data, offset + 16)[0]):
             message, _ = _decode_at(data, offset, offset + total, make_id(seq))
             if admits(message):
                 out.append(message)
-            stop -= extra
+            spent += DECODE_COST - HEADER_COST
         offset += total
         seq += 1
-    return out, offset, seq, units - (stop - seq)
+    return out, offset, seq, spent
 
 
 def ext_fields(
