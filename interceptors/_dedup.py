@@ -29,7 +29,9 @@ them, see ``walsvc.CoalescingInterceptor``): their new keys are claimed at once 
 appended as one batch, whose owner is the WAL's task for it, and each key is settled from
 its result; the promises above are the same for them. Most keys of the window are settled
 message keys, held as their bare ``AppendResult``. The window's bookkeeping (its keys,
-their order, eviction) is ``_dedup_window.Window``'s.
+their order, eviction) is ``_dedup_window.Window``'s; what it reads for keys whose outcome
+is not at hand (owners in flight, ambiguous appends, recalls) is
+``_dedup_lookup.KeyLookup``'s.
 Milvus (PR #50007) loses its window on restart and releases keys on ambiguous errors.
 """
 
@@ -45,7 +47,6 @@ from typing import Any, Final, TypeVar, cast, final
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc.core._errors import (
     AppendOutcomeUnknown,
-    InvalidArgument,
     InvalidMessage,
     MessageTooLarge,
     WALError,
@@ -53,15 +54,15 @@ from walsvc.core._errors import (
 from walsvc.core._message import AppendResult, Message, MessageType
 from walsvc.core._timetick import span_of_ms
 
+from ._dedup_lookup import KeyLookup, kind_mismatch
 from ._dedup_window import (
     Entry,
     Key,
     Window,
     in_flight,
     key_of,
-    named,
 )
-from ._key_search import find_keys, find_keys_since, messages_since
+from ._key_search import messages_since
 from ._shards import window_keys
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
@@ -86,6 +87,7 @@ class Dedup:
     __slots__ = (
         "_context",
         "_keys",
+        "_lookup",
         "_owners",
         "_rebuild",
         "_window",
@@ -106,6 +108,7 @@ class Dedup:
         self._window = self._keys.slots
         self._rebuild: asyncio.Task[None] | None = None
         self._owners: set[asyncio.Future[Any]] = set()
+        self._lookup = KeyLookup(self._keys, self._bound, self._own)
         #: Keyed appends answered without appending: a retry of a settled key, or a
         #: key twice in one batch.
         self.hits = 0
@@ -267,7 +270,7 @@ class Dedup:
                 await self._settled(busy, False)  # its owner's outcome, or a read of the log
         for settled in known:
             if type(window[settled]) is Entry:
-                raise _kind_mismatch(settled, True)  # a settled transaction key
+                raise kind_mismatch(settled, True)  # a settled transaction key
         entry = Entry(self._bound().last_confirmed_id(), False)
         batch: list[Message] = []
         claimed: list[Key | None] = []  # the key of each message of ``batch``
@@ -392,7 +395,7 @@ class Dedup:
                     f" {len(batch)} appends; they may or may not be in the log"
                 )
         except AppendOutcomeUnknown as exc:
-            return await self._resolve_all(claimed, entry, exc)
+            return await self._lookup.resolve_all(claimed, entry, exc)
         except MessageTooLarge:
             self._keys.release_all(claimed, entry)  # nothing was written
             return [None] * len(claimed)
@@ -422,7 +425,7 @@ class Dedup:
         try:
             result = await call_next(message)
         except AppendOutcomeUnknown as exc:
-            return await self._resolve(key, entry, exc)
+            return await self._lookup.resolve(key, entry, exc)
         except BaseException:
             self._keys.release(key, entry)  # nothing was written
             raise
@@ -443,7 +446,7 @@ class Dedup:
             appended = await call_next(batch)
         except AppendOutcomeUnknown as exc:
             # Each key is looked up in the log: found ones answer, the rest are released.
-            resolved = iter(await self._resolve_all(keys, entry, exc))
+            resolved = iter(await self._lookup.resolve_all(keys, entry, exc))
             found = [None if key is None else next(resolved) for key in claimed]
             for outcome in found:
                 if isinstance(outcome, Exception) and outcome is not exc:
@@ -475,91 +478,9 @@ class Dedup:
         await self.wait_rebuilt()
         self._keys.hold((key,))
         try:
-            return await self._settled_held(key, txn)
+            return await self._lookup.settled(key, txn)
         finally:
             self._keys.unhold((key,))
-
-    async def _settled_held(self, key: Key, txn: bool) -> AppendResult | None:
-        """``_settled``, while ``key`` is held from eviction."""
-        retried = False
-        while True:
-            slot = self._window.get(key)
-            if slot is None:
-                return None
-            if isinstance(slot, AppendResult):
-                if txn:
-                    raise _kind_mismatch(key, False)
-                return slot
-            if slot.result is not None:
-                if slot.txn != txn:
-                    raise _kind_mismatch(key, slot.txn)
-                return slot.result
-            owner = slot.owner
-            if owner is not None and not owner.done():
-                await asyncio.wait((owner,))  # the owner's outcome, not its caller's
-            elif retried:
-                raise AppendOutcomeUnknown(
-                    f"whether the append of key {named(key)} landed is"
-                    " still unknown: the log could not be read to tell, so the key stays"
-                    " blocked (each retry reads it again)"
-                )
-            else:  # blocked: read the log again, as this retry's owner
-                retried = True
-                try:
-                    await self._own(slot, self._resolve_again(key, slot))
-                except AppendOutcomeUnknown:
-                    pass  # still blocked: said above, on the next turn
-
-    async def _resolve_again(self, key: Key, entry: Entry) -> None:
-        """``_resolve`` for a blocked key: settled or released (free to append), unless
-        the log still cannot be read (raises ``AppendOutcomeUnknown``)."""
-        unknown = AppendOutcomeUnknown(f"the append of key {named(key)} may have landed")
-        try:
-            await self._resolve(key, entry, unknown)
-        except AppendOutcomeUnknown as exc:
-            if exc is not unknown:
-                raise
-
-    async def _resolve(self, key: Key, entry: Entry, error: AppendOutcomeUnknown) -> AppendResult:
-        """Find whether the ambiguous append of ``key`` landed: settle it (found) or
-        release it and raise ``error`` (not found). If the log cannot be read, the key
-        stays blocked and ``AppendOutcomeUnknown`` says so."""
-        (outcome,) = await self._resolve_all((key,), entry, error)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    async def _resolve_all(
-        self, keys: Sequence[Key], entry: Entry, error: AppendOutcomeUnknown
-    ) -> list[AppendResult | AppendOutcomeUnknown]:
-        """``_resolve`` for the keys of one ambiguous append (claimed under ``entry``), with
-        one read of the log: per key, its result (found: settled), ``error`` (not found:
-        released), or a new ``AppendOutcomeUnknown`` saying it stays blocked (the log could
-        not be read)."""
-        context = self._bound()
-        try:
-            found = await find_keys(context, set(keys), entry.floor)
-        except (WALError, OSError) as exc:
-            blocked: list[AppendResult | AppendOutcomeUnknown] = []
-            for key in keys:
-                unknown = AppendOutcomeUnknown(
-                    f"{error}; and reading the log to resolve key {named(key)} failed ({exc!r}):"
-                    " the key stays blocked until the log can be read to tell (each retry"
-                    " reads it again)"
-                )
-                unknown.__cause__ = error
-                blocked.append(unknown)
-            return blocked
-        outcomes: list[AppendResult | AppendOutcomeUnknown] = []
-        for key in keys:
-            result = found.get(key)
-            if result is None:
-                self._keys.release(key, entry)
-                outcomes.append(error)
-            else:
-                self._keys.settle_all((key,), entry, (result,))
-                outcomes.append(result)
-        return outcomes
 
     # -- recalling keys the window may have dropped ---------------------------------------
 
@@ -584,24 +505,7 @@ class Dedup:
         wanted = [key_of(vchannel, key) for vchannel, key in keys]
         self._keys.hold(wanted)
         try:
-            results = [await self._settled_held(key, False) for key in wanted]
-            missing = {key for key, result in zip(wanted, results, strict=True) if not result}
-            forgotten_below = self._keys.forgotten_below
-            if not missing or since_tick >= forgotten_below:
-                return results  # the window holds every key settled since then
-            # A missing key settled, if at all, below forgotten_below (at and above it,
-            # the window holds every settled key): only that stretch is read. It is at
-            # most a settled key's tick + 1, and the newest message in the log has a tick
-            # at least that: the read reaches its end.
-            found = await find_keys_since(self._bound(), missing, since_tick, forgotten_below)
-            for key, result in found.items():
-                if key not in self._window:  # else claimed meanwhile: the claim stays
-                    self._window[key] = result
-                    self._keys.order.append(key)
-            # a key asked twice is answered twice
-            return [
-                r if r is not None else found.get(k) for k, r in zip(wanted, results, strict=True)
-            ]
+            return await self._lookup.recall(wanted, since_tick)
         finally:
             self._keys.unhold(wanted)
             self._keys.evict()
@@ -633,14 +537,6 @@ class Dedup:
             self._rebuild.cancel()
         if self._owners:
             await asyncio.wait(list(self._owners))
-
-
-def _kind_mismatch(key: Key, names_txn: bool) -> InvalidArgument:
-    kind = "a transaction" if names_txn else "a message"
-    return InvalidArgument(
-        f"idempotency key {named(key)} already names {kind}; a key"
-        " names one message or one transaction"
-    )
 
 
 def _copy(error: BaseException, note: str) -> WALError:
