@@ -6,9 +6,11 @@ or out of work, as an impatient client does: each attempt under a random deadlin
 cancelled outright, retried with the same key until one answers. The work is the keys
 in ``RETRY_FILE`` first (what the round before had in flight when it was killed), then
 new ones: single messages, batches (``append_many``) and transactions with a key. A
-``WALError`` other than a timeout makes it reopen the WAL (a failed writer stays failed)
-and try again. ``INJECT_ENOSPC`` = 1 (machines that cannot mount a small tmpfs): every
-30th Python-level write of the log fails with ENOSPC, as a full disk does.
+``WALError`` other than a timeout makes it reopen the WAL and try again, or, half the
+time after ``AppendOutcomeUnknown``/``BackendUnavailable``, try the same WAL again (its
+writer cuts the log back to the durable end after an I/O error and goes on).
+``INJECT_ENOSPC`` = 1 (machines that cannot mount a small tmpfs): every 30th Python-level
+write of the log fails with ENOSPC, as a full disk does.
 
 Lines, each flushed when its event happened::
 
@@ -42,6 +44,9 @@ from walsvc import AppendResult, Message
 
 PCHANNEL = "faults"
 PRODUCERS = 6
+#: Errors after which a producer tries the same WAL again half the time (a full disk or
+#: an I/O error fails a batch, not the writer), and reopens it otherwise.
+TRANSIENT = (walsvc.AppendOutcomeUnknown, walsvc.BackendUnavailable)
 WORK_PER_ROUND = 400
 BODIES = 2
 
@@ -52,7 +57,7 @@ def say(*words: object) -> None:
 
 
 class Holder:
-    """The producers' WAL, reopened when a writer fails for good."""
+    """The producers' WAL, reopened after errors."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -105,7 +110,10 @@ async def attempt(
                 return result
         except walsvc.WALError as exc:
             say("ERR", type(exc).__name__)
-            await holder.reopen(generation)
+            if isinstance(exc, TRANSIENT) and rng.random() < 0.5:
+                await asyncio.sleep(0.01)  # the same WAL again: its writer recovers
+            else:
+                await holder.reopen(generation)
         except Exception as exc:  # a bug: say so (the test fails on it) and go on
             say("ERR", type(exc).__name__)
             await asyncio.sleep(0.01)

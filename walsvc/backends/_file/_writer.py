@@ -14,6 +14,14 @@ Under the writers' lock, before each batch, the writer re-reads the head file's 
 a newer writer opened the pchannel, nothing more is written and every append raises
 ``WALFenced`` from then on.
 
+An I/O error (a full disk, EIO) fails the batch it hit with ``AppendOutcomeUnknown``, not
+the writer: before the next batch, under the lock, the writer cuts the log back to the
+head's durable end (nothing after it was acknowledged: its segment is truncated there, a
+segment a failed roll made is removed) and goes on from there. If the cut fails too, the
+appends queued meanwhile fail with ``BackendUnavailable`` (nothing of them was written)
+and the next append tries again; so a writer whose disk filled up appends again once
+space is free, without a reopen.
+
 A batch that needs no new segment and no runway goes to a ``_ccommit.Committer``: the
 same steps on a thread that never takes the GIL, which signals an eventfd the event loop
 watches (see ``_ccommit.c`` for why). The others, and every batch when walsvc was built
@@ -42,6 +50,7 @@ from typing import Final
 from walsvc.core._codec import timetick_of
 from walsvc.core._errors import (
     AppendOutcomeUnknown,
+    BackendUnavailable,
     CorruptRecord,
     InvalidArgument,
     WALClosed,
@@ -121,6 +130,7 @@ class GroupCommitWriter:
 
     __slots__ = (
         "__weakref__",
+        "_broken",
         "_calls",
         "_closed",
         "_committer",
@@ -167,6 +177,9 @@ class GroupCommitWriter:
         self._idle: asyncio.Future[None] | None = None  # set when no batch is in flight
         self._held = 0  # truncations waiting for their turn: start no batch meanwhile
         self._failure: WALError | None = None
+        # The I/O error that failed the last batch, until a cut back to the durable end
+        # (``_recover``) succeeds: no batch starts meanwhile.
+        self._broken: str | None = None
         self._closed = False
         # The GIL-free committer, made with the first batch it can take; its thread runs
         # while batches come (if no thread can be started, every batch takes a worker).
@@ -217,7 +230,10 @@ class GroupCommitWriter:
 
     def _start(self) -> None:
         """Hand everything queued to the commit thread (or the worker thread) as one
-        batch."""
+        batch; after an I/O error, cut the log back to its durable end first."""
+        if self._broken is not None:
+            self._recover()
+            return
         records, calls = self._records, self._calls
         self._records, self._calls = [], []
         if self._failure is not None:
@@ -388,16 +404,22 @@ class GroupCommitWriter:
         elif isinstance(error, WALError):  # fenced, or a corrupt head file
             self._failure = error
         elif isinstance(error, OSError):
-            self._failure = AppendOutcomeUnknown(
-                f"writing {self._directory.path} failed ({error}); appends in that batch"
-                " may or may not be durable; reopen the WAL to recover"
-            )
+            self._broken = str(error)  # the next batch cuts the log back first (_recover)
         else:
             self._failure = AppendOutcomeUnknown(f"the writer stopped: {error!r}")
         if self._records and not self._held:
             self._start()  # queued during that batch: to the disk now
         if self._failure is not None:
             _fail(calls, self._failure)
+        elif error is not None:
+            _fail(
+                calls,
+                AppendOutcomeUnknown(
+                    f"writing {self._directory.path} failed ({error}); appends in that"
+                    " batch may or may not be durable (the next append cuts the log back"
+                    " to its durable end first)"
+                ),
+            )
         else:
             seq = first
             for future, n in calls:
@@ -411,6 +433,79 @@ class GroupCommitWriter:
             self._directory.signal.wake()
         if not self._in_flight:
             self._signal_idle()
+
+    def _recover(self) -> None:
+        """After an I/O error: cut the log back to its durable end in the worker thread
+        (``_cut_to_durable_end``), as the batch in flight; then start what was queued
+        (``_recovered``)."""
+        self._in_flight = True
+        loop = self._loop
+        assert loop is not None
+
+        def cut_on_worker(done: Future[tuple[int, int, int, int]]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: see _start
+                loop.call_soon_threadsafe(self._recovered, done)
+
+        _worker_pool().submit(self._cut_to_durable_end).add_done_callback(cut_on_worker)
+
+    def _recovered(self, done: Future[tuple[int, int, int, int]]) -> None:
+        """On the loop, once the cut ran: go on from the durable end, or fail what was
+        queued (nothing of it was written) and leave the cut to the next append."""
+        self._in_flight = False
+        error = done.exception()
+        if error is None:
+            segment, fd, offset, next_seq = done.result()
+            os.close(self._fd)
+            self._fd, self._segment, self._offset, self._zeroed_to = fd, segment, offset, offset
+            self._next_seq = next_seq
+            self._broken = None
+            if self._records and not self._held:
+                self._start()
+        else:
+            if isinstance(error, WALError):  # fenced, or a corrupt head file
+                self._failure = error
+                failure: WALError = error
+            else:
+                failure = BackendUnavailable(
+                    f"writing {self._directory.path} failed ({self._broken}), and cutting"
+                    f" the log back to its durable end failed too ({error}); nothing of"
+                    " this append was written (the next append tries again)"
+                )
+            calls, self._records, self._calls = self._calls, [], []
+            _fail(calls, failure)
+        if not self._in_flight:
+            self._signal_idle()
+
+    def _cut_to_durable_end(self) -> tuple[int, int, int, int]:
+        """Worker thread, under the writers' lock: cut the log back to the head's durable
+        end (truncate its segment there, remove any newer one: nothing after the durable
+        end was acknowledged). Returns (segment, a new descriptor of it, offset, next
+        sequence number): where the writer goes on."""
+        directory = self._directory
+        head = directory.head
+        head.lock()
+        try:
+            state = head.read()
+            if state.term != self._term:
+                raise self._fenced(state.term)
+            segment, offset = state.end_segment, state.end_offset
+            # A descriptor of its own: the writer's may be what failed (or be a segment
+            # a failed roll made).
+            fd = os.open(directory.segment_path(segment), os.O_RDWR | os.O_CLOEXEC)
+            try:
+                newer = [s for s in directory.segments() if s > segment]
+                for stale in newer:
+                    os.unlink(directory.segment_path(stale))
+                os.ftruncate(fd, offset)
+                os.fdatasync(fd)
+                if newer:
+                    fsync_directory(directory.path)
+            except BaseException:
+                os.close(fd)
+                raise
+            return segment, fd, offset, state.durable_end
+        finally:
+            head.unlock()
 
     def _signal_idle(self) -> None:
         idle = self._idle
