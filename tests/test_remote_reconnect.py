@@ -214,9 +214,14 @@ async def test_a_half_open_link_is_found_by_the_heartbeat_and_redialled(
 async def test_a_node_out_of_reach_past_the_timeout_fails_what_is_pending(
     node: str, proxy: tuple[TcpProxy, str]
 ) -> None:
+    """Past ``reconnect_timeout`` what was pending fails, and so does a call made while
+    the node stays away; once it is back, the next call dials again and the same WAL
+    appends and reads (before: every later call raised the "retriable"
+    ``BackendUnavailable`` for good)."""
     tcp, url = proxy
     pchannel = _pchannel()
     async with await walsvc.open_wal(url, pchannel, reconnect_timeout=0.5) as wal:
+        assert isinstance(wal, RemoteWAL)
         reader = wal.read(DeliverPolicy.all())
         await wal.append(Message(payload=b"a", vchannel="v"))
         tcp.hold("down")
@@ -230,6 +235,17 @@ async def test_a_node_out_of_reach_past_the_timeout_fails_what_is_pending(
             await _drain(reader)
         with pytest.raises(walsvc.BackendUnavailable):
             await wal.append(Message(payload=b"c", vchannel="v"))
+        tcp.refusing = False  # the node is back
+        async with asyncio.timeout(10):
+            last = await wal.append(Message(payload=b"d", vchannel="v"))
+            async with wal.read(DeliverPolicy.all()) as again:
+                payloads = []
+                async for message in again:
+                    payloads.append(message.payload)
+                    if message.message_id == last.message_id:
+                        break
+        assert wal.connection.reconnects == 1
+    assert payloads == [b"a", b"b", b"d"]  # b reached the node; its answer did not
 
 
 async def test_without_reconnection_a_lost_connection_fails_at_once(

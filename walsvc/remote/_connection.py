@@ -9,7 +9,9 @@ resend of an append that landed with its first result) and resumes every stream 
 after the last message it received. What is not safe to resend fails:
 ``AppendOutcomeUnknown`` for an append that may have reached the node,
 ``BackendUnavailable`` for anything else. When the node cannot be reached in time,
-everything pending fails that way.
+everything pending fails that way, and the connection waits: the next request or stream
+dials the node again (for another ``reconnect_timeout``), so a client outlives a node
+that was away for longer.
 
 The parts: ``_dial`` reaches a node (the handshake); ``_pending`` keeps the requests
 waiting for answers and the rules for resending them (the book ``Connection`` inherits);
@@ -58,7 +60,7 @@ from ._protocol import (
     Welcome,
     error_from,
 )
-from ._reconnect import read_again, resumable, socket_lost, watch
+from ._reconnect import read_again, reconnect, resumable, socket_lost, watch
 
 if TYPE_CHECKING:
     from ._scanner import RemoteScanner
@@ -223,6 +225,7 @@ class Connection(PendingRequests):
             socket.writer.send(data, pending.mark_sent if append else None)
         else:
             pending.held = True
+            self._redial()
         return pending
 
     @property
@@ -235,6 +238,20 @@ class Connection(PendingRequests):
             and not self._reconnecting
             and (self.going_away is None or not self._reconnects_at_all)
         )
+
+    def _redial(self) -> None:
+        """Dial the node again if no socket is up and no attempt runs: the last one gave
+        up after ``reconnect_timeout`` (what was pending then failed), and a new call
+        came. Connections that do not reconnect stay down."""
+        if (
+            self._socket is None
+            and not self._reconnecting
+            and self._lost is None
+            and not self._closing
+            and self._reconnects_at_all
+        ):
+            self._reconnecting = True
+            self._spawn(reconnect(self, f"no connection to {self.where}"))
 
     @property
     def _reconnects_at_all(self) -> bool:
@@ -264,6 +281,8 @@ class Connection(PendingRequests):
         self._streams[read.stream] = scanner
         if self._sending:  # else the next socket resumes it
             self.send(read)
+        else:
+            self._redial()
 
     def forget_stream(self, stream: int) -> None:
         """Stop routing deliveries to ``stream`` and tell the node to stop it."""
@@ -377,9 +396,11 @@ class Connection(PendingRequests):
             else:
                 pending.future.set_result(message)
 
-    def _fail_all(self, reason: WALError) -> None:
+    def _fail_all(self, reason: WALError, *, final: bool = True) -> None:
+        """Fail every request and stream with ``reason``; for good if ``final``, else
+        the next request or stream dials the node again (``_redial``)."""
         self._reconnecting = False
-        self._end(reason, self.where)
+        self._end(reason, self.where, final=final)
         streams, self._streams = self._streams, {}
         for scanner in streams.values():
             scanner._finish(type(reason)(str(reason)))

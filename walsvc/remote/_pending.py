@@ -207,11 +207,11 @@ class PendingRequests:
             writer.send(_encode(item), pending.mark_sent if pending.append else None)
             pending.held = False
 
-    def _end(self, reason: WALError, where: str) -> None:
+    def _end(self, reason: WALError, where: str, *, final: bool = True) -> None:
         """The connection to the node at ``where`` ended with ``reason``: fail every
         request on the book, and let the callers waiting for room go on (their requests
-        then raise ``reason``)."""
-        if self._lost is None:
+        then raise ``reason``, if ``final``; else the connection takes requests again)."""
+        if final and self._lost is None:
             self._lost = reason
         pending, self._pending = self._pending, {}
         self._pending_bytes = 0

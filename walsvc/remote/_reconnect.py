@@ -7,8 +7,8 @@
   fails everything pending at once if the connection does not reconnect. Otherwise the
   book keeps what may go out again (``PendingRequests``) and ``reconnect`` dials again,
   with backoff, for up to ``reconnect_timeout`` seconds; after that everything pending
-  fails ``BackendUnavailable``, and a refusal, or a WAL that cannot be reopened, ends
-  the connection at once.
+  fails ``BackendUnavailable`` (the next call dials again), and a refusal, or a WAL that
+  cannot be reopened, ends the connection for good.
 - On the new socket (``restore``) the WAL is reopened first (``reopen``, through
   ``Connection.direct``: ahead of everything queued), then the node is asked what
   became of the appends sent before (``_recall``, protocol version 3), then the book
@@ -114,11 +114,12 @@ async def reconnect(conn: Connection, reason: str) -> None:
         delay = min(delay * 2, _MAX_BACKOFF)
     if conn._closing:
         return  # aclose fails what is pending, with WALClosed
-    conn._fail_all(
+    conn._fail_all(  # not for good: the next call dials again
         BackendUnavailable(
             f"{reason}, and it could not be reconnected within"
             f" {conn._reconnect_timeout:g} s ({last})"
-        )
+        ),
+        final=False,
     )
 
 
