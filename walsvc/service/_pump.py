@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 from typing import Final, final
 
 from walsvc.core._errors import WALClosed, WALError
@@ -37,12 +38,37 @@ _log: Final = logging.getLogger("walsvc.service")
 _DELIVERY_BYTES: Final = 1024 * 1024
 
 
+_payload: Final = operator.attrgetter("payload")
+_body: Final = operator.attrgetter("body")
+
+
 def _cost(m: ImmutableMessage) -> int:
     """A message's cost against byte credit (as the client counts it)."""
     cost = len(m.payload)
     for inner in m.body:
         cost += len(inner.payload)
     return cost
+
+
+def _take(
+    batch: Sequence[ImmutableMessage], start: int, messages: int, credit_bytes: int
+) -> tuple[int, int]:
+    """(end, cost) of the next ``Delivered`` of ``batch`` from ``start``: messages while
+    fewer than ``messages`` are taken and the cost so far is below ``credit_bytes`` and
+    ``_DELIVERY_BYTES`` (the message that crosses it is taken too). The usual case, all
+    the rest within the credit and without bodies, is summed in C loops (a Python loop
+    cost 225 ns a message)."""
+    limit = min(credit_bytes, _DELIVERY_BYTES)
+    end = min(len(batch), start + messages)
+    chunk = batch[start:end]
+    spent = sum(map(len, map(_payload, chunk)))
+    if spent < limit and not any(map(_body, chunk)):
+        return end, spent
+    end, spent = start, 0
+    while end < len(batch) and end - start < messages and spent < limit:
+        spent += _cost(batch[end])
+        end += 1
+    return end, spent
 
 
 @final
@@ -116,11 +142,7 @@ async def pump(
                     stream.waiting_for_send = False
                     if writer.closed:
                         raise WALClosed("the connection closed")
-                end, spent = start, 0
-                limit = min(stream.bytes, _DELIVERY_BYTES)
-                while end < len(batch) and end - start < stream.messages and spent < limit:
-                    spent += _cost(batch[end])
-                    end += 1
+                end, spent = _take(batch, start, stream.messages, stream.bytes)
                 stream.messages -= end - start
                 stream.bytes -= spent
                 stream.delivered += end - start
