@@ -130,12 +130,12 @@ class TimetickSync:
             return False
         if self._persisting is not None:
             return True
-        if self._skipped:
-            self._skipped -= 1
-            return True
         if context.closed:
             self._leave()
             return False
+        if self._skipped:  # a TimeTick failed transiently: back off
+            self._skipped -= 1
+            return True
         data_tick = context.data_tick()
         if data_tick > self._persisted_tick:
             if data_tick > self._seen_tick and self._deferrals < MAX_DEFERRALS:

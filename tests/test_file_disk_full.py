@@ -226,3 +226,25 @@ async def test_a_segment_roll_or_head_write_that_failed_is_undone(
     async with await walsvc.open_wal(url, "p"):
         pass
     assert await asyncio.to_thread(cli, ["check", url, "p"]) == 0
+
+
+async def test_a_writer_fenced_while_broken_stays_fenced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error, then a newer writer opens the pchannel: the cut finds the newer term
+    and the old writer is fenced for good, its log untouched by it."""
+    monkeypatch.setattr(file_writer, "_ccommit", None)
+    url = f"file://{tmp_path}"
+    async with await walsvc.open_wal(url, "p", interceptors=[]) as old:
+        kept = await old.append(Message(payload=PAYLOAD, vchannel="v"))
+        with monkeypatch.context() as patch:
+            patch.setattr(file_writer.os, "pwrite", _no_space)
+            with pytest.raises(walsvc.AppendOutcomeUnknown):
+                await old.append(Message(payload=PAYLOAD, vchannel="v"))
+        async with await walsvc.open_wal(url, "p", interceptors=[]) as new:
+            landed = await new.append(Message(payload=b"new", vchannel="v"))
+            for _ in range(2):
+                with pytest.raises(walsvc.WALFenced):
+                    await old.append(Message(payload=PAYLOAD, vchannel="v"))
+    inserts = await _inserts(url)
+    assert [m.message_id for m in inserts] == [kept.message_id, landed.message_id]

@@ -46,7 +46,16 @@ class WriterStartup:
     next ``wait``, from the hook that failed: a WAL whose broker was away while it opened
     serves appends once the broker is back. Any other failure is final."""
 
-    __slots__ = ("_backend", "_context", "_done", "_error", "_members", "_pins", "_task")
+    __slots__ = (
+        "_backend",
+        "_context",
+        "_done",
+        "_error",
+        "_members",
+        "_pinned",
+        "_pins",
+        "_task",
+    )
 
     def __init__(
         self,
@@ -59,7 +68,9 @@ class WriterStartup:
         self._pins = pins
         self._context = context
         self._members = tuple(members)
-        #: How many of ``members`` finished their hook (a restart goes on from there).
+        #: Whether the recovered checkpoint is pinned, and how many of ``members``
+        #: finished their hook: a restart goes on from there.
+        self._pinned = False
         self._done = 0
         self._error: BaseException | None = None
         self._task: asyncio.Task[None] | None = self._begin()
@@ -68,7 +79,9 @@ class WriterStartup:
         return asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        await _hold_recovered_checkpoint(self._backend, self._pins)
+        if not self._pinned:
+            await _hold_recovered_checkpoint(self._backend, self._pins)
+            self._pinned = True
         members = self._members
         while self._done < len(members):
             await members[self._done].ready(self._context)

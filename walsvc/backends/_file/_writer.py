@@ -462,9 +462,9 @@ class GroupCommitWriter:
             if self._records and not self._held:
                 self._start()
         else:
-            if isinstance(error, WALError):  # fenced, or a corrupt head file
-                self._failure = error
-                failure: WALError = error
+            if isinstance(error, WALError):  # fenced, or a corrupt head file: final
+                self._failure = failure = error
+                self._broken = None
             else:
                 failure = BackendUnavailable(
                     f"writing {self._directory.path} failed ({self._broken}), and cutting"
