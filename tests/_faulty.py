@@ -1,21 +1,26 @@
-"""A memory backend whose appends fail on command (``faultymem://NAME``): fault injection
-for the interceptor tests, where a real backend cannot be made to fail on cue."""
+"""A memory backend whose appends and reads fail on command (``faultymem://NAME``):
+fault injection for the interceptor and node tests, where a real backend cannot be made
+to fail on cue."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import types
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import walsvc
-from walsvc import DeliverPolicy, Filter, MessageId
+from walsvc import DeliverPolicy, Filter, ImmutableMessage, MessageId
 from walsvc.backends import Backend, BackendScanner
 from walsvc.backends._memory import MemoryBackend, MemoryMessageId
+from walsvc.backends._subscriptions import SubscriptionStore
 
 SCHEME = "faultymem"
 NOW_SCHEME = "faultynow"
 _MODULE = "_walsvc_test_faulty_backend"
+#: How long a read fault "timeout" waits before it fails.
+READ_TIMEOUT = 1.2
 
 
 class FaultyBackend(Backend):
@@ -26,6 +31,10 @@ class FaultyBackend(Backend):
 
     faults: ClassVar[dict[str, list[str]]] = {}
     unreadable: ClassVar[set[str]] = set()
+    #: Per pchannel, what the next batches of its scanners do: "unavailable" (raise
+    #: BackendUnavailable), "timeout" (the same after ``READ_TIMEOUT`` seconds, as a
+    #: broker's read timing out) or "ok" (return one message); none: scanners as usual.
+    read_faults: ClassVar[dict[str, list[str]]] = {}
     message_id_class = MemoryMessageId
     scheme = SCHEME
 
@@ -72,7 +81,9 @@ class FaultyBackend(Backend):
     def read(self, deliver: DeliverPolicy, selected: Filter) -> BackendScanner:
         if self.pchannel in self.unreadable:
             raise walsvc.BackendUnavailable("injected: cannot read")
-        return self._inner.read(deliver, selected)
+        scanner = self._inner.read(deliver, selected)
+        plan = self.read_faults.get(self.pchannel)
+        return scanner if plan is None else _FaultyScanner(scanner, plan)
 
     async def latest_message_id(self) -> MessageId | None:
         return await self._inner.latest_message_id()
@@ -82,6 +93,35 @@ class FaultyBackend(Backend):
 
     async def truncate(self, message_id: MessageId) -> None:
         await self._inner.truncate(message_id)
+
+    def subscriptions(self) -> SubscriptionStore:
+        return self._inner.subscriptions()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _FaultyScanner(BackendScanner):
+    """A scanner that follows ``plan`` (``FaultyBackend.read_faults``) one message at a
+    time, then goes on as ``inner``."""
+
+    def __init__(self, inner: BackendScanner, plan: list[str]) -> None:
+        self._inner = inner
+        self._plan = plan
+        self._held: list[ImmutableMessage] = []
+
+    async def next_batch(self) -> Sequence[ImmutableMessage]:
+        fault = self._plan.pop(0) if self._plan else None
+        if fault == "timeout":
+            await asyncio.sleep(READ_TIMEOUT)
+        if fault in ("unavailable", "timeout"):
+            raise walsvc.BackendUnavailable("injected: the read failed")
+        if not self._held:
+            self._held = list(await self._inner.next_batch())
+        if fault is None:
+            batch, self._held = self._held, []
+            return batch
+        return [self._held.pop(0)]
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -60,7 +60,7 @@ from ._protocol import (
     Welcome,
     error_from,
 )
-from ._reconnect import read_again, reconnect, resumable, socket_lost, watch
+from ._reconnect import goes_on, reconnect, socket_lost, watch
 
 if TYPE_CHECKING:
     from ._scanner import RemoteScanner
@@ -349,15 +349,7 @@ class Connection(PendingRequests):
                 scanner._stats_arrived(message)
         elif isinstance(message, StreamEnded):
             scanner = self._streams.get(message.stream)
-            if (
-                scanner is not None
-                and message.code == ErrorCode.SUBSCRIPTION_BUSY
-                and scanner._resumed
-                and self._reconnects_at_all
-                and not self._closing
-            ):  # the node has yet to close the old connection's reader of the name
-                self._spawn(read_again(self, scanner))
-            elif scanner is not None and not resumable(self, message.code):
+            if scanner is not None and not goes_on(self, scanner, message):
                 del self._streams[message.stream]
                 scanner._finish(
                     None

@@ -14,9 +14,13 @@
   became of the appends sent before (``_recall``, protocol version 3), then the book
   resends what is left, then each stream is resumed right after the last message it
   received.
-- A resumed subscription stream whose name the node still holds for the reader of the
-  old connection is read again, with backoff (``read_again``), for up to
-  ``reconnect_timeout``.
+- A stream the node ends (``goes_on``) is not over for a connection that reconnects
+  when the node is going away (it resumes on the next socket), when the node's read
+  failed transiently while the node stays (``WAL_CLOSED``, ``BACKEND_UNAVAILABLE``), or
+  when a resumed subscription's name is still held for the reader of the old
+  connection (``SUBSCRIPTION_BUSY``): its ``Read`` then goes out again on the same
+  socket, with backoff (``read_again``), until ``reconnect_timeout`` has passed since
+  the stream last ran.
 """
 
 from __future__ import annotations
@@ -28,23 +32,27 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from walsvc.core._errors import BackendUnavailable, SubscriptionBusy, WALError
+from walsvc.core._errors import BackendUnavailable, WALError
 from walsvc.core._metrics import CLIENT
 
 from ._dial import NodeSocket, dial
-from ._protocol import RECALL_VERSION, ErrorCode, Ping
+from ._node_messages import StreamEnded
+from ._protocol import RECALL_VERSION, ErrorCode, Ping, error_from
 from ._recall import recall
 
 if TYPE_CHECKING:
     from ._connection import Connection
     from ._scanner import RemoteScanner
 
-__all__ = ("read_again", "reconnect", "restore", "resumable", "socket_lost", "watch")
+__all__ = ("goes_on", "reconnect", "restore", "socket_lost", "watch")
 
 _log: Final = logging.getLogger("walsvc.remote")
 _encode: Final = msgspec.msgpack.Encoder().encode
 _FIRST_BACKOFF: Final = 0.05
 _MAX_BACKOFF: Final = 1.0
+#: How a node ends a stream it cannot go on with for now: a read that failed
+#: transiently, or a shutdown.
+_TRANSIENT_ENDS: Final = (ErrorCode.WAL_CLOSED, ErrorCode.BACKEND_UNAVAILABLE)
 
 
 async def watch(conn: Connection) -> None:
@@ -142,36 +150,53 @@ async def restore(conn: Connection, socket: NodeSocket) -> None:
     conn._reconnecting = False  # from here requests go straight out again
 
 
-async def read_again(conn: Connection, scanner: RemoteScanner) -> None:
-    """Send a resumed subscription stream's ``Read`` again, with backoff, while the
-    node still holds the name for the reader of a connection it has yet to close;
-    past ``reconnect_timeout`` the stream ends with ``SubscriptionBusy``."""
+def goes_on(conn: Connection, scanner: RemoteScanner, ended: StreamEnded) -> bool:
+    """Whether the stream of ``scanner``, which the node ended with ``ended``, goes on
+    (else it ends with ``ended``'s error). It does only if ``conn`` reconnects and is
+    not closing, and then:
+
+    - ended by a node going away (``WAL_CLOSED``, ``BACKEND_UNAVAILABLE`` after
+      ``GoingAway``): it resumes on the next socket (``restore``);
+    - ended with those codes by a node that stays (its read of the log failed), or a
+      resumed subscription stream answered ``SUBSCRIPTION_BUSY``: its ``Read`` goes out
+      again on this socket, with backoff (``read_again``)."""
+    if not conn._reconnects_at_all or conn._closing:
+        return False
+    code = ended.code
+    if code in _TRANSIENT_ENDS and conn.going_away is not None:
+        return True
+    if code in _TRANSIENT_ENDS or (code == ErrorCode.SUBSCRIPTION_BUSY and scanner._resumed):
+        socket = conn._socket
+        if socket is not None:
+            conn._spawn(read_again(conn, scanner, socket, error_from(code, ended.message)))
+        return True  # with no socket, the next one resumes it
+    return False
+
+
+async def read_again(
+    conn: Connection, scanner: RemoteScanner, socket: NodeSocket, error: WALError
+) -> None:
+    """Resume the stream of ``scanner`` on ``socket`` after a backoff, unless the
+    stream was closed or the socket replaced meanwhile (``restore`` resumed it there).
+    Once ``reconnect_timeout`` has passed since the stream last ran it ends with
+    ``error`` instead. It ran if it delivered (``RemoteScanner._ran``) or stood for
+    ``_MAX_BACKOFF`` after its last ``Read`` went out again."""
     loop = asyncio.get_running_loop()
-    deadline = scanner._busy_since = scanner._busy_since or loop.time()
-    deadline += conn._reconnect_timeout
-    await asyncio.sleep(min(_MAX_BACKOFF, 0.02 * 2 ** min(scanner._busy_tries, 6)))
-    scanner._busy_tries += 1
-    if conn._streams.get(scanner._stream) is not scanner:
-        return  # closed meanwhile
-    if loop.time() > deadline:
+    if scanner._retries and loop.time() - scanner._retried_at >= _MAX_BACKOFF:
+        scanner._ran()
+    since = scanner._retry_since = scanner._retry_since or loop.time()
+    await asyncio.sleep(min(_MAX_BACKOFF, 0.02 * 2 ** min(scanner._retries, 6)))
+    scanner._retries += 1
+    if conn._streams.get(scanner._stream) is not scanner or conn._socket is not socket:
+        return
+    if loop.time() > since + conn._reconnect_timeout:
         del conn._streams[scanner._stream]
         scanner._finish(
-            SubscriptionBusy(
-                f"subscription {scanner._read.subscription!r} stayed busy on"
-                f" {conn.where} for {conn._reconnect_timeout:g} s after a reconnect"
+            type(error)(
+                f"{error} (the stream was read again on {conn.where}"
+                f" for {conn._reconnect_timeout:g} s)"
             )
         )
-    elif conn._sending and conn._handle is not None:
-        conn.send(scanner._resume(conn._handle))
-
-
-def resumable(conn: Connection, code: int) -> bool:
-    """Whether a stream of ``conn`` that the node ended with ``code`` resumes on the
-    next socket: it does when the node's shutdown ended it (``WAL_CLOSED``,
-    ``BACKEND_UNAVAILABLE``) and ``conn`` reconnects and is not closing."""
-    return (
-        code in (ErrorCode.WAL_CLOSED, ErrorCode.BACKEND_UNAVAILABLE)
-        and conn._reconnect_timeout > 0
-        and conn._reopen is not None
-        and not conn._closing
-    )
+    elif conn._sending:
+        scanner._retried_at = loop.time()
+        conn.send(scanner._resume(scanner._wal._handle))

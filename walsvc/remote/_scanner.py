@@ -102,8 +102,6 @@ class RemoteScanner(Scanner):
         "_ack_owed",
         "_ack_resent",
         "_buffer",
-        "_busy_since",
-        "_busy_tries",
         "_claim",
         "_closing",
         "_delivered",
@@ -116,6 +114,9 @@ class RemoteScanner(Scanner):
         "_read",
         "_received",
         "_resumed",
+        "_retried_at",
+        "_retries",
+        "_retry_since",
         "_skip_through",
         "_start_tick",
         "_started",
@@ -177,8 +178,10 @@ class RemoteScanner(Scanner):
         self._skip_through: MessageId | None = None
         #: Resumed on a later socket (a subscription's name may still be held there).
         self._resumed = False
-        self._busy_since = 0.0
-        self._busy_tries = 0
+        #: Since when and how often the node ended the stream and its ``Read`` went out
+        #: again (``read_again``), and when it last did: zero once it ran (``_ran``).
+        self._retry_since = self._retried_at = 0.0
+        self._retries = 0
         #: The latest stats of the node's scanner (protocol version 2), and what the
         #: node scanners of earlier sockets counted (a resumed stream's starts afresh).
         self._node_stats: StreamStats | None = None
@@ -189,7 +192,15 @@ class RemoteScanner(Scanner):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _ran(self) -> None:
+        """The stream ran again after the node ended it (it delivered, or stood for a
+        while): a later end starts a new backoff."""
+        self._retry_since = self._retried_at = 0.0
+        self._retries = 0
+
     def _deliver(self, messages: list[WireDelivered]) -> None:
+        if self._retries:
+            self._ran()
         if self._ack_owed:  # the node's scanner of the resumed stream started: it takes acks
             self._send_owed_ack()
         if self._skip_through is not None:

@@ -82,6 +82,7 @@ class Stream:
         "close_error",
         "credit",
         "delivered",
+        "ending",
         "messages",
         "read",
         "report",
@@ -97,6 +98,9 @@ class Stream:
         self.wal = read.wal
         self.scanner = scanner
         self.close_error: Exception | None = None
+        #: The pump is done and closes the scanner: acks are no longer applied (a
+        #: client that reads on sends its latest again to the stream it resumes).
+        self.ending = False
         self.messages = read.credit_messages
         self.bytes = read.credit_bytes
         self.credit = asyncio.Event()
@@ -156,6 +160,7 @@ async def pump(
                 writer.send(encode_delivered(number, chunk if type(chunk) is list else list(chunk)))
                 start = end
     except asyncio.CancelledError:
+        stream.ending = True
         stream.stop_reporting()
         stream.close_error = await close_scanner(scanner)
         raise
@@ -163,6 +168,7 @@ async def pump(
         if not isinstance(exc, WALError):
             _log.exception("stream %d of %s failed", number, peer)
         code, text = error_code(exc), str(exc)
+    stream.ending = True
     stream.stop_reporting()
     closed = await close_scanner(scanner)
     if closed is not None and code == ErrorCode.OK:

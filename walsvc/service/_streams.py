@@ -144,7 +144,7 @@ class Streams:
         """Apply ``ack`` to its stream's scanner (nothing if the stream ended); what
         fails is sent back as ``AckFailed``."""
         stream = self._streams.get(ack.stream)
-        if stream is None:
+        if stream is None or stream.ending:
             return  # ended: the client learns it from StreamEnded
         try:
             acknowledge(stream.scanner, ack)
