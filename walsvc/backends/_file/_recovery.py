@@ -1,5 +1,6 @@
-"""Open-time recovery: find where the next frame goes, and cut a torn tail. Runs under the
-writers' lock, in a worker thread.
+"""Recovery: where the next frame goes after an open (``recover_tail``, cutting a torn
+tail) and after a failed write (``cut_to_durable_end``). Runs under the writers' lock, in
+a worker thread.
 
 Recovery starts at the durable end the head file records (its segment and byte offset):
 everything before it was acknowledged and is never read, cut or rewritten here (damage
@@ -26,7 +27,7 @@ from ._format import FRAME_HEADER_SIZE, MAGIC, parse_frame_header, verify_frame
 from ._frames import read_frames
 from ._head import UNKNOWN, HeadState
 
-__all__ = ("Tail", "recover_tail")
+__all__ = ("Tail", "cut_to_durable_end", "recover_tail")
 
 
 class Tail(NamedTuple):
@@ -108,6 +109,29 @@ def recover_tail(directory: LogDirectory, state: HeadState) -> Tail:
         os.close(fd)
         offset = 0
     raise AssertionError("unreachable: tail_segments holds the start segment")
+
+
+def cut_to_durable_end(directory: LogDirectory, state: HeadState) -> Tail:
+    """The tail of the log after a write failed (a full disk, an I/O error), cut back to
+    the durable end the head says (``state``): its segment truncated there, any newer
+    segment (a failed roll's) removed. Unlike ``recover_tail`` it keeps no whole frame
+    after the durable end: the writer that failed goes on, and may already have told a
+    retry that its key is not in the log. The tail's descriptor is a new one (the
+    writer's may be what failed); its segment ends at ``offset``."""
+    segment, offset = state.end_segment, state.end_offset
+    fd = os.open(directory.segment_path(segment), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        newer = [s for s in directory.segments() if s > segment]
+        for stale in newer:
+            os.unlink(directory.segment_path(stale))
+        os.ftruncate(fd, offset)
+        os.fdatasync(fd)
+        if newer:
+            fsync_directory(directory.path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Tail(segment, fd, offset, state.durable_end, 0, offset)
 
 
 def _scan(

@@ -63,7 +63,7 @@ from ._directory import LogDirectory, fsync_directory
 from ._format import encode_frames
 from ._head import HeadState
 from ._ids import FileMessageId
-from ._recovery import Tail
+from ._recovery import Tail, cut_to_durable_end
 from ._writer_note import read_writer_note
 
 try:
@@ -442,22 +442,22 @@ class GroupCommitWriter:
         loop = self._loop
         assert loop is not None
 
-        def cut_on_worker(done: Future[tuple[int, int, int, int]]) -> None:
+        def cut_on_worker(done: Future[Tail]) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed: see _start
                 loop.call_soon_threadsafe(self._recovered, done)
 
         _worker_pool().submit(self._cut_to_durable_end).add_done_callback(cut_on_worker)
 
-    def _recovered(self, done: Future[tuple[int, int, int, int]]) -> None:
+    def _recovered(self, done: Future[Tail]) -> None:
         """On the loop, once the cut ran: go on from the durable end, or fail what was
         queued (nothing of it was written) and leave the cut to the next append."""
         self._in_flight = False
         error = done.exception()
         if error is None:
-            segment, fd, offset, next_seq = done.result()
+            tail = done.result()
             os.close(self._fd)
-            self._fd, self._segment, self._offset, self._zeroed_to = fd, segment, offset, offset
-            self._next_seq = next_seq
+            self._fd, self._segment, self._offset = tail.fd, tail.segment, tail.offset
+            self._zeroed_to, self._next_seq = tail.size, tail.next_seq
             self._broken = None
             if self._records and not self._held:
                 self._start()
@@ -476,34 +476,16 @@ class GroupCommitWriter:
         if not self._in_flight:
             self._signal_idle()
 
-    def _cut_to_durable_end(self) -> tuple[int, int, int, int]:
-        """Worker thread, under the writers' lock: cut the log back to the head's durable
-        end (truncate its segment there, remove any newer one: nothing after the durable
-        end was acknowledged). Returns (segment, a new descriptor of it, offset, next
-        sequence number): where the writer goes on."""
-        directory = self._directory
-        head = directory.head
+    def _cut_to_durable_end(self) -> Tail:
+        """Worker thread, under the writers' lock: the tail after ``cut_to_durable_end``,
+        unless a newer term fenced this writer."""
+        head = self._directory.head
         head.lock()
         try:
             state = head.read()
             if state.term != self._term:
                 raise self._fenced(state.term)
-            segment, offset = state.end_segment, state.end_offset
-            # A descriptor of its own: the writer's may be what failed (or be a segment
-            # a failed roll made).
-            fd = os.open(directory.segment_path(segment), os.O_RDWR | os.O_CLOEXEC)
-            try:
-                newer = [s for s in directory.segments() if s > segment]
-                for stale in newer:
-                    os.unlink(directory.segment_path(stale))
-                os.ftruncate(fd, offset)
-                os.fdatasync(fd)
-                if newer:
-                    fsync_directory(directory.path)
-            except BaseException:
-                os.close(fd)
-                raise
-            return segment, fd, offset, state.durable_end
+            return cut_to_durable_end(self._directory, state)
         finally:
             head.unlock()
 
