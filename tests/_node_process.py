@@ -3,6 +3,7 @@ processes and real sockets: it reads the bound port from the node's first line."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -71,3 +72,29 @@ def node_process(
 def _read_lines(stream: IO[str], lines: list[str]) -> None:
     for line in stream:
         lines.append(line)  # noqa: PERF402 (the test watches the list grow meanwhile)
+
+
+class RestartableNode:
+    """A node process on the log at ``log_url`` (started with the flags ``extra``) that a
+    test can ``kill -9`` and start again on the same log; ``url`` is where the current
+    one listens."""
+
+    def __init__(self, log_url: str, *extra: str) -> None:
+        self.log_url = log_url
+        self._extra = extra
+        self._stack = contextlib.ExitStack()
+        self.url, self.process = self._start()
+
+    def _start(self) -> tuple[str, subprocess.Popen[str]]:
+        return self._stack.enter_context(node_process(self.log_url, *self._extra))
+
+    def kill_and_restart(self) -> str:
+        """Kill the node (SIGKILL), start a new one on the same log; return its URL."""
+        self.process.kill()
+        self.process.wait()
+        self.url, self.process = self._start()
+        return self.url
+
+    def close(self) -> None:
+        """Stop the node."""
+        self._stack.close()

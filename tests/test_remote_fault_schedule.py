@@ -42,14 +42,13 @@ import asyncio
 import contextlib
 import os
 import random
-import subprocess
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
 import pytest
-from _node_process import node_process
+from _node_process import RestartableNode
 from _tcp_proxy import TcpProxy
 
 import scanners
@@ -78,37 +77,18 @@ _TXN_ERRORS: Final[dict[str, tuple[type[walsvc.WALError], ...]]] = {
 }
 
 
-class _Node:
-    """The node process of the schedule, restartable on the same log."""
-
-    def __init__(self, log_url: str) -> None:
-        self.log_url = log_url
-        self._stack = contextlib.ExitStack()
-        self.url, self.process = self._start()
-
-    def _start(self) -> tuple[str, subprocess.Popen[str]]:
-        return self._stack.enter_context(node_process(self.log_url, *WINDOW_FLAGS))
-
-    def kill_and_restart(self) -> str:
-        self.process.kill()
-        self.process.wait()
-        self.url, self.process = self._start()
-        return self.url
-
-    def close(self) -> None:
-        self._stack.close()
-
-
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[_Node]:
-    running = _Node(f"file://{tmp_path}")
+def node(tmp_path: Path) -> Iterator[RestartableNode]:
+    running = RestartableNode(f"file://{tmp_path}", *WINDOW_FLAGS)
     try:
         yield running
     finally:
         running.close()
 
 
-async def _faults(rng: random.Random, tcp: TcpProxy, node: _Node, stop: asyncio.Event) -> list[str]:
+async def _faults(
+    rng: random.Random, tcp: TcpProxy, node: RestartableNode, stop: asyncio.Event
+) -> list[str]:
     """Inject faults at random moments until ``stop``; return what was done."""
     done: list[str] = []
     killed = False
@@ -406,7 +386,7 @@ _TXN_ENDS: Final = frozenset({MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN})
 _TXN_CONTROL: Final = _TXN_ENDS | {MessageType.BEGIN_TXN}
 
 
-async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
+async def _round(node: RestartableNode, seed: int, outcomes: Counter[str]) -> None:
     rng = random.Random(seed)
     tcp = TcpProxy.for_url(node.url)
     url = await tcp.start()
@@ -574,7 +554,7 @@ async def _round(node: _Node, seed: int, outcomes: Counter[str]) -> None:
 
 @pytest.mark.slow
 async def test_acknowledged_appends_and_transactions_survive_a_seeded_schedule_of_network_faults(
-    node: _Node, seed_value: int
+    node: RestartableNode, seed_value: int
 ) -> None:
     outcomes: Counter[str] = Counter()
     for round_ in range(ROUNDS):
