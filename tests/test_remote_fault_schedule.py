@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from _network_faults import strike_until
 from _node_process import RestartableNode
 from _tcp_proxy import TcpProxy
 
@@ -84,45 +85,6 @@ def node(tmp_path: Path) -> Iterator[RestartableNode]:
         yield running
     finally:
         running.close()
-
-
-async def _faults(
-    rng: random.Random, tcp: TcpProxy, node: RestartableNode, stop: asyncio.Event
-) -> list[str]:
-    """Inject faults at random moments until ``stop``; return what was done."""
-    done: list[str] = []
-    killed = False
-    while not stop.is_set():
-        await asyncio.sleep(rng.uniform(0.05, 0.25))
-        fault = rng.choice(["cut", "lose-answers", "half-open", "unreachable", "kill"])
-        if fault == "kill" and killed:
-            fault = "cut"
-        if fault == "cut":
-            tcp.cut()
-        elif fault == "lose-answers":
-            tcp.hold("down")
-            await asyncio.sleep(rng.uniform(0.01, 0.1))
-            tcp.cut()
-        elif fault == "half-open":
-            tcp.hold("up", "down")
-            await asyncio.sleep(rng.uniform(0.3, 0.6))  # past the clients' heartbeat (0.1 s)
-            tcp.release()
-        elif fault == "unreachable":
-            tcp.refusing = True
-            tcp.cut()
-            await asyncio.sleep(rng.uniform(0.05, 0.4))
-            tcp.refusing = False
-        else:
-            killed = True
-            tcp.hold("down")
-            await asyncio.sleep(rng.uniform(0.0, 0.05))
-            tcp.refusing = True
-            url = await asyncio.to_thread(node.kill_and_restart)
-            tcp.cut()
-            tcp.retarget(url)
-            tcp.refusing = False
-        done.append(fault)
-    return done
 
 
 class _TxnRun:
@@ -473,7 +435,18 @@ async def _round(node: RestartableNode, seed: int, outcomes: Counter[str]) -> No
                 await asyncio.sleep(0.05)
 
     consumer = asyncio.ensure_future(consume())
-    faults = asyncio.ensure_future(_faults(rng, tcp, node, stop))
+    faults = asyncio.ensure_future(
+        strike_until(
+            stop,
+            rng,
+            tcp,
+            node,
+            ["cut", "lose-answers", "half-open", "unreachable", "kill"],
+            pause=(0.05, 0.25),
+            outage=(0.05, 0.4),
+            after_kill="cut",
+        )
+    )
     producers = asyncio.gather(
         *(produce(p) for p in range(PRODUCERS)),
         *(produce_txns(p) for p in range(TXN_PRODUCERS)),

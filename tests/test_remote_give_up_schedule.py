@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _network_faults import strike_until
 from _node_process import RestartableNode
 from _tcp_proxy import TcpProxy
 
@@ -51,39 +52,6 @@ def node(tmp_path: Path) -> Iterator[RestartableNode]:
         yield running
     finally:
         running.close()
-
-
-async def _faults(
-    rng: random.Random, tcp: TcpProxy, node: RestartableNode, stop: asyncio.Event
-) -> list[str]:
-    """Inject faults at random moments until ``stop``; return what was done."""
-    done: list[str] = []
-    killed = False
-    while not stop.is_set():
-        await asyncio.sleep(rng.uniform(0.05, 0.3))
-        fault = rng.choice(["cut", "lose-answers", "unreachable", "unreachable", "kill"])
-        if fault == "kill" and killed:
-            fault = "unreachable"
-        if fault == "cut":
-            tcp.cut()
-        elif fault == "lose-answers":
-            tcp.hold("down")
-            await asyncio.sleep(rng.uniform(0.01, 0.1))
-            tcp.cut()
-        elif fault == "unreachable":  # often past one or two reconnect_timeouts
-            tcp.refusing = True
-            tcp.cut()
-            await asyncio.sleep(rng.uniform(0.05, 1.0))
-            tcp.refusing = False
-        else:
-            killed = True
-            tcp.refusing = True
-            url = await asyncio.to_thread(node.kill_and_restart)
-            tcp.cut()
-            tcp.retarget(url)
-            tcp.refusing = False
-        done.append(fault)
-    return done
 
 
 class _Outcomes:
@@ -187,7 +155,18 @@ async def _round(node: RestartableNode, seed: int, counts: Counter[str]) -> None
     reader = await walsvc.open_wal(url, pchannel, read_only=True, **options)
     stop = asyncio.Event()
     consumer = asyncio.ensure_future(_consume(reader, told))
-    faults = asyncio.ensure_future(_faults(rng, tcp, node, stop))
+    faults = asyncio.ensure_future(
+        strike_until(
+            stop,
+            rng,
+            tcp,
+            node,
+            ["cut", "lose-answers", "unreachable", "unreachable", "kill"],
+            pause=(0.05, 0.3),
+            outage=(0.05, 1.0),  # often past one or two reconnect_timeouts
+            after_kill="unreachable",
+        )
+    )
     producers = asyncio.gather(
         *(_produce_plain(wals[0], seed * 100 + p, told, stop) for p in range(PLAIN_PRODUCERS)),
         *(_produce_keyed(wals[1], seed * 100 + p, told, stop) for p in range(KEYED_PRODUCERS)),
