@@ -216,7 +216,7 @@ class Session:
                 self.fail(request.request, exc)
                 return
         self.handles[handle] = (wal, request.read_only)
-        scheme = self.node.url.partition("://")[0]
+        scheme = wal.backend.message_id_class.scheme  # the URL's, unless its ids are another's
         tick = wal.last_timetick if self.version >= RECALL_VERSION else 0  # 0: not said
         self.send(Opened(request.request, handle, wal.term, request.read_only, scheme, tick))
 
