@@ -19,8 +19,9 @@ from walsvc.backends._subscriptions import SubscriptionStore
 SCHEME = "faultymem"
 NOW_SCHEME = "faultynow"
 _MODULE = "_walsvc_test_faulty_backend"
-#: How long a read fault "timeout" waits before it fails.
+#: How long the read faults "timeout" and "stall" wait before they fail.
 READ_TIMEOUT = 1.2
+STALL = 0.2
 
 
 class FaultyBackend(Backend):
@@ -32,8 +33,9 @@ class FaultyBackend(Backend):
     faults: ClassVar[dict[str, list[str]]] = {}
     unreadable: ClassVar[set[str]] = set()
     #: Per pchannel, what the next batches of its scanners do: "unavailable" (raise
-    #: BackendUnavailable), "timeout" (the same after ``READ_TIMEOUT`` seconds, as a
-    #: broker's read timing out) or "ok" (return one message); none: scanners as usual.
+    #: BackendUnavailable), "timeout" or "stall" (the same after ``READ_TIMEOUT`` or
+    #: ``STALL`` seconds, as a broker's read timing out) or "ok" (return one message);
+    #: none: scanners as usual.
     read_faults: ClassVar[dict[str, list[str]]] = {}
     message_id_class = MemoryMessageId
     scheme = SCHEME
@@ -114,7 +116,9 @@ class _FaultyScanner(BackendScanner):
         fault = self._plan.pop(0) if self._plan else None
         if fault == "timeout":
             await asyncio.sleep(READ_TIMEOUT)
-        if fault in ("unavailable", "timeout"):
+        elif fault == "stall":
+            await asyncio.sleep(STALL)
+        if fault in ("unavailable", "timeout", "stall"):
             raise walsvc.BackendUnavailable("injected: the read failed")
         if not self._held:
             self._held = list(await self._inner.next_batch())

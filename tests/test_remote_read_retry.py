@@ -13,16 +13,21 @@ read goes to the backend."""
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import uuid
 from collections.abc import AsyncIterator
 
 import _faulty
 import pytest
 
+import scanners
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 
 COUNT = 20
+ROUNDS = 2 * int(os.environ.get("WALSVC_SOAK", "1"))
+PRODUCED = 200
 
 
 @pytest.fixture
@@ -103,3 +108,61 @@ async def test_a_read_that_ran_a_while_before_it_failed_again_goes_on(node: str)
             got = await _payloads(scanner, ack=False)
     assert got == list(range(COUNT))
     assert plan == []
+
+
+async def _collect(
+    scanner: walsvc.Scanner, want: int, *, ack: bool = False
+) -> list[walsvc.ImmutableMessage]:
+    got: list[walsvc.ImmutableMessage] = []
+    async with asyncio.timeout(60), scanner:
+        async for message in scanner:
+            if message.type is MessageType.INSERT:
+                got.append(message)
+                if ack:
+                    await scanner.ack(message)
+                if len(got) == want:
+                    break
+    return got
+
+
+@pytest.mark.slow
+async def test_readers_see_the_log_once_in_order_through_random_read_failures(
+    node: str, seed: random.Random
+) -> None:
+    """Seeded: while producers append, the node's reads of the log fail at random
+    points (and stall a while before failing, at times). A reader from the start, one of
+    vchannel "v" alone, one from after a known message and a subscription reader that
+    acknowledges each message all get their share of the log exactly once, in order."""
+    for _ in range(ROUNDS):
+        pchannel = f"p-{uuid.uuid4().hex[:10]}"
+        async with await walsvc.open_wal(node, pchannel, reconnect_timeout=30) as wal:
+            first = await wal.append(Message(payload=b"first", vchannel="v"))
+            plan = [
+                seed.choices(["ok", "unavailable", "stall"], [0.8, 0.17, 0.03])[0]
+                for _ in range(400)
+            ]
+            _faulty.FaultyBackend.read_faults[pchannel] = plan
+            readers = [
+                _collect(wal.read(DeliverPolicy.all()), 1 + PRODUCED),
+                _collect(
+                    wal.read(DeliverPolicy.all(), [scanners.vchannel("v")]), 1 + PRODUCED // 2
+                ),
+                _collect(wal.read(DeliverPolicy.start_after(first.message_id)), PRODUCED),
+                _collect(wal.read(DeliverPolicy.all(), subscription="s"), 1 + PRODUCED, ack=True),
+            ]
+
+            async def produce() -> None:
+                for i in range(0, PRODUCED, 10):
+                    await wal.append_many(
+                        Message(payload=b"%d" % n, vchannel="vw"[n % 2]) for n in range(i, i + 10)
+                    )
+                    await asyncio.sleep(seed.uniform(0, 0.01))
+
+            *seen, _ = await asyncio.gather(*readers, produce())
+            log = await _collect(wal.read(DeliverPolicy.all()), 1 + PRODUCED)
+        ids = [m.message_id for m in log]
+        assert [m.message_id for m in seen[0]] == ids
+        assert [m.message_id for m in seen[1]] == [m.message_id for m in log if m.vchannel == "v"]
+        assert [m.message_id for m in seen[2]] == ids[1:]
+        assert [m.message_id for m in seen[3]] == ids
+        assert len(plan) < 400, "the readers never met the plan"
