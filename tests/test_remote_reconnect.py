@@ -619,3 +619,57 @@ async def test_a_lost_transaction_answer_is_unknown_without_resends(
         lost = await _lose_the_answer(tcp, node, pchannel, body, 2)
         with pytest.raises(walsvc.AppendOutcomeUnknown):
             await lost
+
+
+@pytest.mark.parametrize("when", ["at once", "while reconnecting"])
+async def test_a_flush_after_an_ack_lost_with_its_connection_makes_that_ack_durable(
+    tmp_path: Path, when: str
+) -> None:
+    """``flush`` returns once the node wrote the latest ack, also when that ack was lost
+    with its connection (held in the proxy, then the connection cut): the flush waits
+    for the resumed stream and the ack sent again there. Checked by killing the node
+    (-9) right after: the subscription's next reader starts after the acknowledged
+    message. Before, a flush sent at once failed ``BackendUnavailable`` with the
+    socket, and one made while reconnecting went out on the new socket ahead of the
+    resumed stream, found no stream there and returned: the ack was never written."""
+    log_url = f"file://{tmp_path}"
+    pchannel = _pchannel()
+    with node_process(log_url) as (node, process):
+        async with await walsvc.open_wal(node, pchannel) as writer:
+            await writer.append_many([Message(payload=b"a%d" % i, vchannel="v") for i in range(8)])
+        tcp = TcpProxy.for_url(node)
+        url = await tcp.start()
+        reader = await walsvc.open_wal(url, pchannel, read_only=True, reconnect_timeout=1)
+        try:
+            async with asyncio.timeout(30):
+                scanner = reader.read(
+                    DeliverPolicy.all(), subscription="flushed", checkpoint_interval=3600
+                )
+                got = await take(scanner, 5)
+                await scanner.ack(got[0])
+                await scanner.flush()
+                tcp.hold("up")
+                await scanner.ack(got[-1])
+                for _ in range(3):  # the frame with the ack leaves the client
+                    await asyncio.sleep(0)
+                if when == "while reconnecting":
+                    tcp.refusing = True
+                assert tcp.cut() == 1  # the ack is lost in the proxy
+                if when == "while reconnecting":
+                    while reader.connection._socket is not None:  # noqa: ASYNC110
+                        await asyncio.sleep(0.005)
+                    flushing = asyncio.ensure_future(scanner.flush())
+                    await asyncio.sleep(0.1)
+                    tcp.refusing = False
+                    await flushing
+                else:
+                    await scanner.flush()
+                process.kill()  # no clean close: only what was written survives
+                process.wait()
+        finally:
+            await reader.aclose()
+            await tcp.aclose()
+    with node_process(log_url) as (node, _):
+        async with await walsvc.open_wal(node, pchannel) as wal:
+            next_one = await _next_reader_starts_at(wal, "flushed")
+    assert next_one.payload == b"a5"

@@ -25,6 +25,7 @@ new socket reads with a new node scanner: the counters of the earlier ones are a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Literal, final
@@ -123,6 +124,7 @@ class RemoteScanner(Scanner):
         "_stats_base",
         "_stream",
         "_subscription",
+        "_suspended",
         "_user_closed",
         "_waiter",
         "_wal",
@@ -156,8 +158,12 @@ class RemoteScanner(Scanner):
         #: Closing a subscription whose close was lost with its socket: the stream
         #: resumes on the next one anyway, to take the latest ack again (see ``aclose``).
         self._closing = False
-        #: Set once a resumed stream's owed ack was sent, or the stream ended.
+        #: Set once a resumed stream's owed ack was sent, or the stream ended (one
+        #: event for all who wait: ``_ack_resent_event``).
         self._ack_resent: asyncio.Event | None = None
+        #: The node ended the stream and the client is to resume it (``goes_on``): until
+        #: it does, the node has no stream to flush.
+        self._suspended = False
         self._buffer: deque[list[WireDelivered]] = deque()
         self._waiter: asyncio.Future[None] | None = None
         #: Why the stream ended: None while it runs; ``_CLOSED`` for a normal end.
@@ -223,8 +229,19 @@ class RemoteScanner(Scanner):
         self._ack_owed = False
         assert self._last_ack is not None
         self._wal._conn.send(self._last_ack)
-        if self._ack_resent is not None:
-            self._ack_resent.set()
+        self._set_ack_resent()
+
+    def _ack_resent_event(self) -> asyncio.Event:
+        """The event the next resent ack (or the stream's end) sets."""
+        event = self._ack_resent
+        if event is None:
+            event = self._ack_resent = asyncio.Event()
+        return event
+
+    def _set_ack_resent(self) -> None:
+        event, self._ack_resent = self._ack_resent, None
+        if event is not None:
+            event.set()
 
     def _unseen(self, messages: list[WireDelivered]) -> list[WireDelivered]:
         floor, ids = self._skip_through, self._wal._ids
@@ -260,6 +277,7 @@ class RemoteScanner(Scanner):
         after the id. The latest ack is owed again from then on (see ``_deliver``)."""
         read = self._read
         self._resumed = True
+        self._suspended = False
         last = self._node_stats
         if last is not None:
             base = self._stats_base
@@ -305,8 +323,7 @@ class RemoteScanner(Scanner):
     def _finish(self, error: WALError | None) -> None:
         if self._end is None:
             self._end = _ENDED if error is None else error
-        if self._ack_resent is not None:
-            self._ack_resent.set()
+        self._set_ack_resent()
         self._wake()
 
     def _ack_failed(self, error: WALError) -> None:
@@ -399,13 +416,15 @@ class RemoteScanner(Scanner):
     async def flush(self) -> None:
         """Write the subscription's latest acknowledged checkpoint now: returns once the
         node wrote it (nothing to write without a subscription, before the first
-        delivery, or once closed)."""
+        delivery, or once closed). An ack lost with its connection is sent again to
+        the resumed stream first; if the stream ends meanwhile with an error, that
+        error is raised (the latest ack may not be durable)."""
         if self._subscription is None or not self._started or self._user_closed:
             return
-        if self._end is None:
-            conn = self._wal._conn
-            request = conn.next_id()
-            await conn.request(Flush(request, self._stream, False), request).future
+        if self._end is None and not await self._flush_behind_latest_ack(close=False):
+            end = self._end
+            if isinstance(end, WALError):
+                raise type(end)(str(end))
         self._raise_ack_error()
 
     def stats(self) -> ScannerStats:
@@ -465,35 +484,41 @@ class RemoteScanner(Scanner):
         self._raise_ack_error()
 
     async def _close_subscription(self) -> None:
-        """Send the close (``Flush``) until the node answers it, each time behind the
-        latest ack. A resumed stream owes the node its latest ack until the node's
-        scanner started: the close waits for it. A close lost with its socket, or with
-        no socket to go on, may have followed an ack lost with it: the stream resumes on
-        the next socket (``_closing``), sends the ack again, and the close goes again. A
-        node of protocol version 1 may never say its scanner started (no
-        ``StreamStats``): there, and without an ack, a lost close is the end (the node
-        closed the stream with the socket, writing the checkpoint it knew)."""
-        conn = self._wal._conn
+        """Close the stream on the node (``Flush(close)``) behind the latest ack; a
+        close that cannot be sent is the end if there is no ack to lose (the node
+        closes the stream with the socket, writing the checkpoint it knew)."""
         self._closing = self._last_ack is not None
+        with contextlib.suppress(BackendUnavailable):
+            await self._flush_behind_latest_ack(close=True)
+
+    async def _flush_behind_latest_ack(self, *, close: bool) -> bool:
+        """Send ``Flush(close)`` until the node answers it (True), each time behind the
+        latest ack; False if the stream ended first. A resumed stream owes the node its
+        latest ack until the node's scanner started, and a stream the node ended has no
+        scanner there until it is resumed: the flush waits for the ack sent again. A
+        flush lost with its socket, or with no socket to go on, may have followed an
+        ack lost with it: the stream resumes on the next socket (a closing one too:
+        ``_closing``), sends the ack again, and the flush goes again. Without an ack,
+        or to a node of protocol version 1 (which may never say its scanner started:
+        no ``StreamStats``), it is sent once and a lost one raises
+        ``BackendUnavailable``."""
+        conn = self._wal._conn
         while self._end is None:
-            # Set by the next ack sent again: on this socket if one is owed, else on the
-            # next (the stream resumes there).
-            resent = self._ack_resent = asyncio.Event()
-            if not (self._ack_owed and conn.version >= STREAM_STATS_VERSION):
+            resent = self._ack_resent_event()
+            waits = self._last_ack is not None and conn.version >= STREAM_STATS_VERSION
+            if not (waits and (self._ack_owed or self._suspended)):
                 request = conn.next_id()
                 try:
                     # Not held for the next socket: there it would come ahead of the
-                    # stream's resumed Read and close nothing.
-                    flush = Flush(request, self._stream, True)
+                    # stream's resumed Read and flush nothing.
+                    flush = Flush(request, self._stream, close)
                     await conn.request(flush, request, hold=False).future
-                    return
+                    return True
                 except BackendUnavailable:
-                    if not self._closing or conn.version < STREAM_STATS_VERSION:
-                        return
-            try:
-                await resent.wait()
-            finally:
-                self._ack_resent = None
+                    if not waits:
+                        raise
+            await resent.wait()
+        return False
 
 
 #: The end of a stream closed normally.
