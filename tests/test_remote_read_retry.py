@@ -166,3 +166,33 @@ async def test_readers_see_the_log_once_in_order_through_random_read_failures(
         assert [m.message_id for m in seen[2]] == ids[1:]
         assert [m.message_id for m in seen[3]] == ids
         assert len(plan) < 400, "the readers never met the plan"
+
+
+async def test_a_subscription_closed_while_its_read_fails_writes_its_last_ack(node: str) -> None:
+    """A subscription reader acknowledges a message and closes while the node's read of
+    the log fails (the node has no stream to take the ack or the close): the close
+    waits for the stream read again, sends the ack there, then closes it, so the next
+    reader of the subscription starts after the acknowledged message."""
+    pchannel = f"p-{uuid.uuid4().hex[:10]}"
+    await _appended(node, pchannel)
+    plan: list[str] = []  # reads go as usual until it says otherwise
+    _faulty.FaultyBackend.read_faults[pchannel] = plan
+    async with await walsvc.open_wal(node, pchannel, reconnect_timeout=10) as wal:
+        scanner = wal.read(DeliverPolicy.all(), subscription="s", checkpoint_interval=3600)
+        got: list[walsvc.ImmutableMessage] = []
+        async with asyncio.timeout(20):
+            async for message in scanner:
+                got.append(message)
+                if len(got) == 5:
+                    break
+            plan += ["unavailable"] * 8  # read again for about 1.3 s from the next read
+            await wal.append(Message(payload=b"more", vchannel="v"))  # the node reads on
+            while not scanner._suspended:  # noqa: ASYNC110 (the node ended the stream)
+                await asyncio.sleep(0.002)
+            assert len(plan) > 2  # the stream is read again for a while yet
+            await scanner.ack(got[-1])
+            await scanner.aclose()
+        assert plan == []  # the close waited for the stream read again
+        async with asyncio.timeout(20), wal.read(subscription="s") as again:
+            first = await anext(again)
+    assert first.payload == b"5"
