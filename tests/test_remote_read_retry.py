@@ -24,6 +24,7 @@ import pytest
 import scanners
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
+from walsvc.core._metrics import CLIENT
 
 COUNT = 20
 ROUNDS = 2 * int(os.environ.get("WALSVC_SOAK", "1"))
@@ -64,12 +65,14 @@ async def test_a_read_the_node_cannot_serve_for_a_moment_goes_on(
     await _appended(node, pchannel)
     plan = ["ok"] * 5 + ["unavailable"] * 4 + ["ok"] * 3 + ["unavailable"]
     _faulty.FaultyBackend.read_faults[pchannel] = plan
+    read_again = CLIENT.streams_read_again
     async with await walsvc.open_wal(node, pchannel, reconnect_timeout=10) as wal:
         scanner = wal.read(DeliverPolicy.all(), subscription=subscription)
         async with scanner:
             got = await _payloads(scanner, ack=subscription is not None)
     assert got == list(range(COUNT))
     assert plan == []  # every injected failure was met
+    assert CLIENT.streams_read_again - read_again == 5  # one Read again per failure
 
 
 async def test_a_read_the_node_cannot_serve_ends_after_reconnect_timeout(node: str) -> None:

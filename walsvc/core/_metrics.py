@@ -324,13 +324,16 @@ class ClientCounters:
     """What this process's ``walsvc://`` clients count, whether or not metrics are on
     (each is an event far rarer than an append)."""
 
-    __slots__ = ("connections_lost", "reconnects")
+    __slots__ = ("connections_lost", "reconnects", "streams_read_again")
 
     def __init__(self) -> None:
         #: Connections to a node lost while open (each then reconnects or fails).
         self.connections_lost = 0
         #: Connections to a node restored after a loss.
         self.reconnects = 0
+        #: ``Read``s sent again for streams a node ended while it stayed up (its read of
+        #: the log failed, or a resumed subscription's name was still held).
+        self.streams_read_again = 0
 
 
 #: The process's client counters.

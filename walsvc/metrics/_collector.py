@@ -62,6 +62,7 @@ class WALCollector(Collector):
             f.add(*(wals[0] if len(wals) == 1 else _merged(wals)))
         f.client_reconnects.add_metric([], CLIENT.reconnects)
         f.client_lost.add_metric([], CLIENT.connections_lost)
+        f.client_read_again.add_metric([], CLIENT.streams_read_again)
         yield from f.all()
 
 
@@ -192,6 +193,11 @@ class _Families:
         )
         self.client_lost = _counter(
             "walsvc_client_connections_lost", "walsvc:// connections lost while open.", []
+        )
+        self.client_read_again = _counter(
+            "walsvc_client_streams_read_again",
+            "walsvc:// streams a node ended while it stayed up, read again.",
+            [],
         )
 
     def add(self, m: WALMetrics, snapshot: dict[str, Any]) -> None:

@@ -201,4 +201,5 @@ async def read_again(
         )
     elif conn._sending:
         scanner._retried_at = loop.time()
+        CLIENT.streams_read_again += 1
         conn.send(scanner._resume(scanner._wal._handle))
