@@ -43,7 +43,7 @@ import itertools
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
@@ -476,18 +476,25 @@ class GroupCommitWriter:
         if not self._in_flight:
             self._signal_idle()
 
-    def _cut_to_durable_end(self) -> Tail:
-        """Worker thread, under the writers' lock: the tail after ``cut_to_durable_end``,
-        unless a newer term fenced this writer."""
+    @contextlib.contextmanager
+    def _writers_lock(self) -> Iterator[HeadState]:
+        """Worker thread: hold the writers' lock and yield the head's state; raise
+        ``WALFenced`` (the lock released) if a newer term fenced this writer."""
         head = self._directory.head
         head.lock()
         try:
             state = head.read()
             if state.term != self._term:
                 raise self._fenced(state.term)
-            return cut_to_durable_end(self._directory, state)
+            yield state
         finally:
             head.unlock()
+
+    def _cut_to_durable_end(self) -> Tail:
+        """Worker thread, under the writers' lock: the tail after ``cut_to_durable_end``,
+        unless a newer term fenced this writer."""
+        with self._writers_lock() as state:
+            return cut_to_durable_end(self._directory, state)
 
     def _signal_idle(self) -> None:
         idle = self._idle
@@ -504,12 +511,7 @@ class GroupCommitWriter:
 
     def _write(self, data: bytes, first: int, count: int, last_timetick: int) -> None:
         """Worker thread: append one batch under the writers' lock."""
-        head = self._directory.head
-        head.lock()
-        try:
-            state = head.read()
-            if state.term != self._term:
-                raise self._fenced(state.term)
+        with self._writers_lock() as state:
             if self._offset >= self._segment_size:
                 self._roll(first)
             offset = self._offset
@@ -520,14 +522,12 @@ class GroupCommitWriter:
             if self._sync:
                 os.fdatasync(self._fd)
             self._offset = offset
-            head.write(
+            self._directory.head.write(
                 HeadState(
                     self._term, first + count, state.first_seq, last_timetick, self._segment, offset
                 ),
                 sync=False,
             )
-        finally:
-            head.unlock()
 
     def _extend_runway(self, end: int) -> None:
         """Worker thread: zero-fill from ``end`` (the end of the data just written, past
@@ -582,15 +582,10 @@ class GroupCommitWriter:
             self._directory.index.forget(segment)
 
     def _truncate(self, seq: int) -> list[int]:
-        head = self._directory.head
-        head.lock()
-        try:
-            state = head.read()
-            if state.term != self._term:
-                raise WALFenced(f"file WAL {self._directory.path}: fenced by term {state.term}")
+        with self._writers_lock() as state:
             if seq < state.first_seq:
                 return []
-            head.write(state._replace(first_seq=seq + 1), sync=True)
+            self._directory.head.write(state._replace(first_seq=seq + 1), sync=True)
             segments = self._directory.segments()
             doomed = [s for s, after in itertools.pairwise(segments) if after <= seq + 1]
             for segment in doomed:
@@ -598,8 +593,6 @@ class GroupCommitWriter:
             if doomed:
                 fsync_directory(self._directory.path)
             return doomed
-        finally:
-            head.unlock()
 
     async def aclose(self) -> None:
         """Finish every queued append, then release the segment and the commit thread."""
