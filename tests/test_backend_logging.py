@@ -24,10 +24,12 @@ from pathlib import Path
 import pytest
 from _pulsar_lite import PulsarLite, broker, pchannel
 from _tansu import start_tansu
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 import walsvc
 from walsvc import Message
-from walsvc.backends._kafka._client import HandledFaults
+from walsvc.backends._kafka._client import HandledFaults, stop_quietly
 from walsvc.backends._pulsar._client import LOG_ENV, LOG_LEVEL_ENV, client_logger
 
 __all__ = ("broker",)
@@ -249,3 +251,25 @@ async def test_a_kafka_outage_is_one_line_per_fault_not_a_flood(
     fetch = [f for f in faults if f[0] == "aiokafka.consumer.fetcher"]
     assert len(fetch) <= 1, fetch  # (the fetcher may be between fetches throughout)
     assert {f[1] for f in fetch} <= {"WARNING"}
+
+
+async def test_a_batch_put_back_for_a_retry_is_failed_by_the_stop_without_an_error() -> None:
+    """A stop in an outage fails the batch aiokafka's sender put back in its queue for a
+    retry: the done callback of its first send (which removes it from the in-flight set)
+    finds it there, and asyncio reports no error. aiokafka's own accumulator (no broker:
+    the put-back comes from a retryable produce error in an outage, which no broker can
+    be made to answer at a chosen moment)."""
+    reported: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+    producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")  # never started
+    accumulator = producer._message_accumulator
+    tp = TopicPartition("t", 0)
+    message = await accumulator.add_message(tp, None, b"x", timeout=1)
+    accumulator.reenqueue(accumulator._pop_batch(tp))  # the sender's retry
+    await stop_quietly(producer)
+    for _ in range(3):
+        await asyncio.sleep(0)  # the batch's done callbacks run
+    assert message.done()
+    assert isinstance(message.exception(), KafkaError)
+    assert not accumulator._pending_batches
+    assert reported == []

@@ -250,9 +250,15 @@ def _drop_batches(accumulator: Any) -> None:
     graceful stop need not wait for the broker to take them. Every future of theirs
     (the batch's, each message's, the drain waiter) is retrieved: an append cancelled
     by its caller's deadline no longer awaits its message's, and asyncio would report
-    each as an exception never retrieved."""
-    held = [batch for batches in accumulator._batches.values() for batch in batches]
-    held += list(accumulator._pending_batches)
+    each as an exception never retrieved.
+
+    A batch put back in the queue for a retry still has the done callback of its first
+    send, which removes it from the in-flight set it has left: failed there, it would
+    raise ``KeyError`` in that callback (an asyncio ERROR; aiokafka's own stop has the
+    same fault, aio-libs/aiokafka#831). It is counted in flight again first."""
+    queued = [batch for batches in accumulator._batches.values() for batch in batches]
+    accumulator._pending_batches.update(batch for batch in queued if batch.retry_count > 0)
+    held = set(queued) | accumulator._pending_batches
     futures = [batch.future for batch in held]
     futures += [future for batch in held for future, _ in batch._msg_futures]
     futures += [batch._drain_waiter for batch in held]
