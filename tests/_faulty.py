@@ -24,6 +24,19 @@ READ_TIMEOUT = 1.2
 STALL = 0.2
 
 
+class Gate:
+    """Where a faulty scanner waits for the test: ``reached`` is set once one arrived,
+    ``opened`` (set by the test) lets it pass."""
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def passed(self) -> None:
+        self.reached.set()
+        await self.opened.wait()
+
+
 class FaultyBackend(Backend):
     """Delegates to a memory backend. ``faults`` (shared, per pchannel) is a list of what
     the next appends do: "unavailable" (raise BackendUnavailable, write nothing),
@@ -34,9 +47,13 @@ class FaultyBackend(Backend):
     unreadable: ClassVar[set[str]] = set()
     #: Per pchannel, what the next batches of its scanners do: "unavailable" (raise
     #: BackendUnavailable), "timeout" or "stall" (the same after ``READ_TIMEOUT`` or
-    #: ``STALL`` seconds, as a broker's read timing out) or "ok" (return one message);
+    #: ``STALL`` seconds, as a broker's read timing out), "gated" (the same once the
+    #: test opens the pchannel's ``read_gates`` gate) or "ok" (return one message);
     #: none: scanners as usual.
     read_faults: ClassVar[dict[str, list[str]]] = {}
+    read_gates: ClassVar[dict[str, Gate]] = {}
+    #: Per pchannel, a gate the close of its faulty scanners waits at.
+    close_gates: ClassVar[dict[str, Gate]] = {}
     message_id_class = MemoryMessageId
     scheme = SCHEME
 
@@ -85,7 +102,10 @@ class FaultyBackend(Backend):
             raise walsvc.BackendUnavailable("injected: cannot read")
         scanner = self._inner.read(deliver, selected)
         plan = self.read_faults.get(self.pchannel)
-        return scanner if plan is None else _FaultyScanner(scanner, plan)
+        if plan is None:
+            return scanner
+        gates = (self.read_gates.get(self.pchannel), self.close_gates.get(self.pchannel))
+        return _FaultyScanner(scanner, plan, *gates)
 
     async def latest_message_id(self) -> MessageId | None:
         return await self._inner.latest_message_id()
@@ -107,9 +127,17 @@ class _FaultyScanner(BackendScanner):
     """A scanner that follows ``plan`` (``FaultyBackend.read_faults``) one message at a
     time, then goes on as ``inner``."""
 
-    def __init__(self, inner: BackendScanner, plan: list[str]) -> None:
+    def __init__(
+        self,
+        inner: BackendScanner,
+        plan: list[str],
+        gate: Gate | None,
+        close_gate: Gate | None,
+    ) -> None:
         self._inner = inner
         self._plan = plan
+        self._gate = gate
+        self._close_gate = close_gate
         self._held: list[ImmutableMessage] = []
 
     async def next_batch(self) -> Sequence[ImmutableMessage]:
@@ -118,7 +146,10 @@ class _FaultyScanner(BackendScanner):
             await asyncio.sleep(READ_TIMEOUT)
         elif fault == "stall":
             await asyncio.sleep(STALL)
-        if fault in ("unavailable", "timeout", "stall"):
+        elif fault == "gated":
+            assert self._gate is not None, "a gated read fault needs its read_gates event"
+            await self._gate.passed()
+        if fault in ("unavailable", "timeout", "stall", "gated"):
             raise walsvc.BackendUnavailable("injected: the read failed")
         if not self._held:
             self._held = list(await self._inner.next_batch())
@@ -128,6 +159,8 @@ class _FaultyScanner(BackendScanner):
         return [self._held.pop(0)]
 
     async def aclose(self) -> None:
+        if self._close_gate is not None:
+            await self._close_gate.passed()
         await self._inner.aclose()
 
 

@@ -20,11 +20,13 @@ from collections.abc import AsyncIterator
 
 import _faulty
 import pytest
+from _tcp_proxy import proxied
 
 import scanners
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.core._metrics import CLIENT
+from walsvc.remote._protocol import Flush
 
 COUNT = 20
 ROUNDS = 2 * int(os.environ.get("WALSVC_SOAK", "1"))
@@ -37,6 +39,8 @@ async def node() -> AsyncIterator[str]:
     async with walsvc.serve(f"{_faulty.SCHEME}://{uuid.uuid4().hex}", tail_cache_bytes=0) as server:
         yield server.node_url
     _faulty.FaultyBackend.read_faults.clear()
+    _faulty.FaultyBackend.read_gates.clear()
+    _faulty.FaultyBackend.close_gates.clear()
 
 
 async def _appended(node: str, pchannel: str) -> None:
@@ -198,4 +202,58 @@ async def test_a_subscription_closed_while_its_read_fails_writes_its_last_ack(no
         assert plan == []  # the close waited for the stream read again
         async with asyncio.timeout(20), wal.read(subscription="s") as again:
             first = await anext(again)
+    assert first.payload == b"5"
+
+
+@pytest.mark.parametrize("closing", [False, True], ids=["ended", "closing-its-scanner"])
+async def test_a_close_that_meets_the_stream_ended_by_the_node_goes_again(
+    node: str, closing: bool
+) -> None:
+    """The node's read fails while a subscription's ack and close are on their way (held
+    in a proxy): the node ends the stream and drops the ack (no stream takes it). The
+    close comes when the node has ended the stream, or while it still closes the
+    stream's scanner (which it then does not cut short: it closes it whole and ends
+    the stream before it answers). Either way the answer comes after the end and does
+    not count: the close waits for the stream read again, sends the ack there and
+    closes it, so the next reader of the subscription starts after the acknowledged
+    message."""
+    pchannel = f"p-{uuid.uuid4().hex[:10]}"
+    await _appended(node, pchannel)
+    plan: list[str] = []
+    _faulty.FaultyBackend.read_faults[pchannel] = plan
+    gate = _faulty.FaultyBackend.read_gates[pchannel] = _faulty.Gate()
+    close_gate = _faulty.FaultyBackend.close_gates[pchannel] = _faulty.Gate()
+    if not closing:
+        close_gate.opened.set()
+    async with proxied(node) as (proxy, url):
+        async with await walsvc.open_wal(url, pchannel, reconnect_timeout=10) as wal:
+            scanner = wal.read(DeliverPolicy.all(), subscription="s", checkpoint_interval=3600)
+            got: list[walsvc.ImmutableMessage] = []
+            async with asyncio.timeout(20):
+                async for message in scanner:
+                    got.append(message)
+                    if len(got) == 5:
+                        break
+                plan.append("gated")
+                await wal.append(Message(payload=b"more", vchannel="v"))  # the node reads on
+                await gate.reached.wait()
+                proxy.hold("up")
+                await scanner.ack(got[-1])
+                closing_task = asyncio.ensure_future(scanner.aclose())
+                conn = wal._conn  # type: ignore[attr-defined]
+                while not any(isinstance(p.item, Flush) for p in conn._pending.values()):  # noqa: ASYNC110
+                    await asyncio.sleep(0.002)
+                gate.opened.set()  # the node's read fails: it ends the stream
+                if closing:
+                    await close_gate.reached.wait()
+                    proxy.release()  # the close reaches the node as it closes the scanner
+                    await asyncio.sleep(0.1)
+                    close_gate.opened.set()
+                else:
+                    while not scanner._suspended:  # noqa: ASYNC110
+                        await asyncio.sleep(0.002)
+                    proxy.release()
+                await closing_task
+            async with asyncio.timeout(20), wal.read(subscription="s") as again:
+                first = await anext(again)
     assert first.payload == b"5"

@@ -164,10 +164,10 @@ def goes_on(conn: Connection, scanner: RemoteScanner, ended: StreamEnded) -> boo
         return False
     code = ended.code
     if code in _TRANSIENT_ENDS and conn.going_away is not None:
-        scanner._suspended = True
+        scanner._suspend()
         return True
     if code in _TRANSIENT_ENDS or (code == ErrorCode.SUBSCRIPTION_BUSY and scanner._resumed):
-        scanner._suspended = True
+        scanner._suspend()
         socket = conn._socket
         if socket is not None:
             conn._spawn(read_again(conn, scanner, socket, error_from(code, ended.message)))

@@ -125,6 +125,7 @@ class RemoteScanner(Scanner):
         "_stream",
         "_subscription",
         "_suspended",
+        "_suspensions",
         "_user_closed",
         "_waiter",
         "_wal",
@@ -164,6 +165,7 @@ class RemoteScanner(Scanner):
         #: The node ended the stream and the client is to resume it (``goes_on``): until
         #: it does, the node has no stream to flush.
         self._suspended = False
+        self._suspensions = 0  # times the node ended the stream and it went on
         self._buffer: deque[list[WireDelivered]] = deque()
         self._waiter: asyncio.Future[None] | None = None
         #: Why the stream ended: None while it runs; ``_CLOSED`` for a normal end.
@@ -217,6 +219,11 @@ class RemoteScanner(Scanner):
             tick = last.timetick if last.persisted else last.durable_tick
             self._received = (last.message_id, last.last_confirmed_id, tick)
             self._wake()
+
+    def _suspend(self) -> None:
+        """The node ended the stream and it goes on (``goes_on``): it is resumed later."""
+        self._suspended = True
+        self._suspensions += 1
 
     def _stats_arrived(self, stats: StreamStats) -> None:
         """The node's scanner's stats: the latest counts; once they say it started, it
@@ -501,19 +508,23 @@ class RemoteScanner(Scanner):
         ``_closing``), sends the ack again, and the flush goes again. Without an ack,
         or to a node of protocol version 1 (which may never say its scanner started:
         no ``StreamStats``), it is sent once and a lost one raises
-        ``BackendUnavailable``."""
+        ``BackendUnavailable``. An answer that came after the node ended the stream
+        does not count: the node had no stream to flush, and it dropped an ack that
+        came after the end."""
         conn = self._wal._conn
         while self._end is None:
             resent = self._ack_resent_event()
             waits = self._last_ack is not None and conn.version >= STREAM_STATS_VERSION
             if not (waits and (self._ack_owed or self._suspended)):
                 request = conn.next_id()
+                suspensions = self._suspensions
                 try:
                     # Not held for the next socket: there it would come ahead of the
                     # stream's resumed Read and flush nothing.
                     flush = Flush(request, self._stream, close)
                     await conn.request(flush, request, hold=False).future
-                    return True
+                    if not waits or self._suspensions == suspensions:
+                        return True
                 except BackendUnavailable:
                     if not waits:
                         raise

@@ -157,24 +157,30 @@ class Streams:
 
     async def flush(self, number: int, close: bool) -> None:
         """Write the stream's checkpoint (``close``: stop the stream and close its
-        scanner); raise what that raised. Nothing if there is no such stream."""
-        if close:
+        scanner); raise what that raised. Nothing if there is no such stream. A stream
+        that is ending (its read failed: acks are no longer applied) ends first, so
+        its ``StreamEnded`` goes out ahead of the answer: the client then flushes again
+        behind its latest ack on the stream it resumes."""
+        stream = self._streams.get(number)
+        if stream is not None and stream.ending and stream.task is not None:
+            await asyncio.gather(stream.task, return_exceptions=True)
+        elif close:
             await self._stop(number)
-        else:
-            stream = self._streams.get(number)
-            if stream is not None:
-                await stream.scanner.flush()
-                if stream.report is not None:
-                    stream.report.report()  # the checkpoint flushed, ahead of Done
+        elif stream is not None:
+            await stream.scanner.flush()
+            if stream.report is not None:
+                stream.report.report()  # the checkpoint flushed, ahead of Done
 
     async def _stop(self, number: int) -> None:
         """Stop the stream and close its scanner; raise what the close raised. The
         stream stays listed until its scanner closed, so a ``CloseWal`` meanwhile waits
-        for it too."""
+        for it too. A pump that is ending on its own is not cancelled: it closes its
+        scanner whole (the subscription's last checkpoint, its name released)."""
         stream = self._streams.get(number)
         if stream is None or stream.task is None:
             return
-        stream.task.cancel()
+        if not stream.ending:
+            stream.task.cancel()
         await asyncio.gather(stream.task, return_exceptions=True)
         self._streams.pop(number, None)
         if stream.close_error is not None:
@@ -196,7 +202,7 @@ class Streams:
         streams, self._streams = self._streams, {}
         for number, stream in streams.items():
             stream.stop_reporting()  # nothing after its StreamEnded
-            if stream.task is not None:
+            if stream.task is not None and not stream.ending:  # (see _stop)
                 stream.task.cancel()
             if code is not None:
                 self._send(StreamEnded(number, code, text))
