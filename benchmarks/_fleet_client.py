@@ -1,5 +1,6 @@
-"""The client processes of ``bench_remote_fleet``, and what they share with it: the
-stamped payload, the windowed closed-loop producers and the tailing consumers.
+"""The client processes of ``bench_remote_fleet`` and ``bench_remote_reads``, and what
+they share with them: the stamped payload, the windowed closed-loop producers and the
+tailing consumers.
 
     python -m benchmarks._fleet_client append URL PCHANNEL PRODUCERS WARMUP SECONDS LOOP
     python -m benchmarks._fleet_client tail URL PCHANNEL CONSUMERS LOOP

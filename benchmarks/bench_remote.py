@@ -15,7 +15,7 @@ the benchmark process dies first); the client runs on the benchmark's loop. Payl
   appends batches of 100 (node on ``memory://``): messages/s the reader received, over an
   embedded ``memory://`` reader tailing the same way. The reader cannot receive faster
   than the remote producer appends (the producer's ``append_many`` rate bounds it), so
-  this is the pair's rate; ``bench_remote_fleet``'s catch-up ratio measures delivery on
+  this is the pair's rate; ``bench_remote_reads``'s catch-up ratio measures delivery on
   its own.
 
 Run alone: ``python -m benchmarks.bench_remote`` prints every figure.
