@@ -48,6 +48,16 @@ async def _appended(node: str, pchannel: str) -> None:
         await wal.append_many([Message(payload=b"%d" % i, vchannel="v") for i in range(COUNT)])
 
 
+async def _first(scanner: walsvc.Scanner, count: int) -> list[walsvc.ImmutableMessage]:
+    """The first ``count`` messages ``scanner`` delivers (it goes on after them)."""
+    got: list[walsvc.ImmutableMessage] = []
+    async for message in scanner:
+        got.append(message)
+        if len(got) == count:
+            break
+    return got
+
+
 async def _payloads(scanner: walsvc.Scanner, *, ack: bool) -> list[int]:
     got: list[int] = []
     async with asyncio.timeout(20):
@@ -186,12 +196,8 @@ async def test_a_subscription_closed_while_its_read_fails_writes_its_last_ack(no
     _faulty.FaultyBackend.read_faults[pchannel] = plan
     async with await walsvc.open_wal(node, pchannel, reconnect_timeout=10) as wal:
         scanner = wal.read(DeliverPolicy.all(), subscription="s", checkpoint_interval=3600)
-        got: list[walsvc.ImmutableMessage] = []
         async with asyncio.timeout(20):
-            async for message in scanner:
-                got.append(message)
-                if len(got) == 5:
-                    break
+            got = await _first(scanner, 5)
             plan += ["unavailable"] * 8  # read again for about 1.3 s from the next read
             await wal.append(Message(payload=b"more", vchannel="v"))  # the node reads on
             while not scanner._suspended:  # noqa: ASYNC110 (the node ended the stream)
@@ -228,12 +234,8 @@ async def test_a_close_that_meets_the_stream_ended_by_the_node_goes_again(
     async with proxied(node) as (proxy, url):
         async with await walsvc.open_wal(url, pchannel, reconnect_timeout=10) as wal:
             scanner = wal.read(DeliverPolicy.all(), subscription="s", checkpoint_interval=3600)
-            got: list[walsvc.ImmutableMessage] = []
             async with asyncio.timeout(20):
-                async for message in scanner:
-                    got.append(message)
-                    if len(got) == 5:
-                        break
+                got = await _first(scanner, 5)
                 plan.append("gated")
                 await wal.append(Message(payload=b"more", vchannel="v"))  # the node reads on
                 await gate.reached.wait()
