@@ -253,22 +253,31 @@ async def test_a_kafka_outage_is_one_line_per_fault_not_a_flood(
     assert {f[1] for f in fetch} <= {"WARNING"}
 
 
-async def test_a_batch_put_back_for_a_retry_is_failed_by_the_stop_without_an_error() -> None:
-    """A stop in an outage fails the batch aiokafka's sender put back in its queue for a
-    retry: the done callback of its first send (which removes it from the in-flight set)
-    finds it there, and asyncio reports no error. aiokafka's own accumulator (no broker:
-    the put-back comes from a retryable produce error in an outage, which no broker can
-    be made to answer at a chosen moment)."""
+@pytest.mark.parametrize("put_back", ["before", "after"])
+async def test_a_batch_put_back_for_a_retry_is_failed_by_the_stop_without_an_error(
+    put_back: str,
+) -> None:
+    """A stop in an outage fails a batch whose send failed, whether aiokafka's sender put
+    it back in its queue for a retry before the stop, or puts it back after its backoff,
+    during the stop: asyncio reports no error (the done callback of its first send,
+    which removes it from the in-flight set, finds it there) and the put-back raises
+    nothing (a ``KeyError`` would end the sender, and the stop would raise it).
+    aiokafka's own accumulator, no broker: the put-back follows a retryable produce
+    error in an outage, which no broker can be made to answer at a chosen moment."""
     reported: list[dict[str, object]] = []
     asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")  # never started
     accumulator = producer._message_accumulator
     tp = TopicPartition("t", 0)
     message = await accumulator.add_message(tp, None, b"x", timeout=1)
-    accumulator.reenqueue(accumulator._pop_batch(tp))  # the sender's retry
+    batch = accumulator._pop_batch(tp)  # the sender sends it
+    if put_back == "before":
+        accumulator.reenqueue(batch)  # its send failed: the sender's retry
     await stop_quietly(producer)
     for _ in range(3):
         await asyncio.sleep(0)  # the batch's done callbacks run
+    if put_back == "after":
+        accumulator.reenqueue(batch)  # the sender, after its backoff
     assert message.done()
     assert isinstance(message.exception(), KafkaError)
     assert not accumulator._pending_batches

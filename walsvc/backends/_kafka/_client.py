@@ -255,7 +255,10 @@ def _drop_batches(accumulator: Any) -> None:
     A batch put back in the queue for a retry still has the done callback of its first
     send, which removes it from the in-flight set it has left: failed there, it would
     raise ``KeyError`` in that callback (an asyncio ERROR; aiokafka's own stop has the
-    same fault, aio-libs/aiokafka#831). It is counted in flight again first."""
+    same fault, aio-libs/aiokafka#831). It is counted in flight again first. And a batch
+    whose send failed and that the sender puts back after its backoff, during the stop,
+    is not: it was failed here and has left the in-flight set (the ``KeyError`` would
+    end the sender, and the stop would raise it)."""
     queued = [batch for batches in accumulator._batches.values() for batch in batches]
     accumulator._pending_batches.update(batch for batch in queued if batch.retry_count > 0)
     held = set(queued) | accumulator._pending_batches
@@ -263,9 +266,14 @@ def _drop_batches(accumulator: Any) -> None:
     futures += [future for batch in held for future, _ in batch._msg_futures]
     futures += [batch._drain_waiter for batch in held]
     accumulator.fail_all(KafkaError("the producer is stopping"))
+    accumulator.reenqueue = _put_back_nothing
     for future in futures:
         if future.done() and not future.cancelled():
             future.exception()  # retrieved: nobody else waits for it
+
+
+def _put_back_nothing(batch: Any) -> None:
+    """``MessageAccumulator.reenqueue`` of a stopping producer: it sends nothing again."""
 
 
 def ms(seconds: float) -> int:
