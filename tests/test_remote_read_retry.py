@@ -142,14 +142,36 @@ async def _collect(
     return got
 
 
+async def _relay(wal: walsvc.WAL, want: int, seed: random.Random) -> list[walsvc.ImmutableMessage]:
+    """Readers of subscription "t" one after the other: each acknowledges every message
+    it gets, flushes now and then, and closes after a few (1 to 40); the next one
+    starts after the last acknowledged."""
+    got: list[walsvc.ImmutableMessage] = []
+    while len(got) < want:
+        take = seed.randint(1, 40)
+        async with asyncio.timeout(60), wal.read(subscription="t") as scanner:
+            async for message in scanner:
+                if message.type is MessageType.INSERT:
+                    got.append(message)
+                    await scanner.ack(message)
+                    if seed.random() < 0.1:
+                        await scanner.flush()
+                    take -= 1
+                    if take == 0 or len(got) == want:
+                        break
+    return got
+
+
 @pytest.mark.slow
 async def test_readers_see_the_log_once_in_order_through_random_read_failures(
     node: str, seed: random.Random
 ) -> None:
     """Seeded: while producers append, the node's reads of the log fail at random
     points (and stall a while before failing, at times). A reader from the start, one of
-    vchannel "v" alone, one from after a known message and a subscription reader that
-    acknowledges each message all get their share of the log exactly once, in order."""
+    vchannel "v" alone, one from after a known message, a subscription reader that
+    acknowledges each message, and a relay of subscription readers that each close
+    after a few messages (flushing now and then) all get their share of the log exactly
+    once, in order."""
     for _ in range(ROUNDS):
         pchannel = f"p-{uuid.uuid4().hex[:10]}"
         async with await walsvc.open_wal(node, pchannel, reconnect_timeout=30) as wal:
@@ -166,6 +188,7 @@ async def test_readers_see_the_log_once_in_order_through_random_read_failures(
                 ),
                 _collect(wal.read(DeliverPolicy.start_after(first.message_id)), PRODUCED),
                 _collect(wal.read(DeliverPolicy.all(), subscription="s"), 1 + PRODUCED, ack=True),
+                _relay(wal, 1 + PRODUCED, random.Random(seed.random())),
             ]
 
             async def produce() -> None:
@@ -182,6 +205,7 @@ async def test_readers_see_the_log_once_in_order_through_random_read_failures(
         assert [m.message_id for m in seen[1]] == [m.message_id for m in log if m.vchannel == "v"]
         assert [m.message_id for m in seen[2]] == ids[1:]
         assert [m.message_id for m in seen[3]] == ids
+        assert [m.message_id for m in seen[4]] == ids
         assert len(plan) < 400, "the readers never met the plan"
 
 
