@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import _faulty
+import msgspec
 import pytest
 from _tcp_proxy import proxied
 
@@ -26,6 +27,7 @@ import scanners
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.core._metrics import CLIENT
+from walsvc.remote import _protocol as p
 from walsvc.remote._protocol import Flush
 
 COUNT = 20
@@ -283,3 +285,57 @@ async def test_a_close_that_meets_the_stream_ended_by_the_node_goes_again(
             async with asyncio.timeout(20), wal.read(subscription="s") as again:
                 first = await anext(again)
     assert first.payload == b"5"
+
+
+async def test_a_stream_closed_as_its_read_fails_ends_once(node: str) -> None:
+    """A raw peer closes a stream while the node, its read failed, still closes the
+    stream's scanner: the node waits for that close and answers with the one
+    ``StreamEnded`` the stream's end sent (the read's error), not a second one."""
+    pchannel = f"p-{uuid.uuid4().hex[:10]}"
+    await _appended(node, pchannel)
+    _faulty.FaultyBackend.read_faults[pchannel] = ["gated"]
+    gate = _faulty.FaultyBackend.read_gates[pchannel] = _faulty.Gate()
+    close_gate = _faulty.FaultyBackend.close_gates[pchannel] = _faulty.Gate()
+    host, _, port = node.removeprefix("walsvc://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    decoder = msgspec.msgpack.Decoder(list[p.NodeMessage])
+
+    def send(*messages: msgspec.Struct) -> None:
+        body = p.array_header(len(messages)) + b"".join(map(msgspec.msgpack.encode, messages))
+        writer.write(p.FRAME_HEADER.pack(len(body)) + body)
+
+    async def until(kind: type[msgspec.Struct]) -> list[p.NodeMessage]:
+        """The messages received up to the first ``kind`` (included)."""
+        seen: list[p.NodeMessage] = []
+        while not seen or not isinstance(seen[-1], kind):
+            (length,) = p.FRAME_HEADER.unpack(await reader.readexactly(4))
+            for message in decoder.decode(await reader.readexactly(length)):
+                seen.append(message)
+                if isinstance(message, kind):
+                    break
+        return seen
+
+    try:
+        async with asyncio.timeout(20):
+            send(p.Hello(1, p.NODE_VERSIONS[1], None, "raw"))
+            await until(p.Welcome)
+            send(p.OpenWal(1, pchannel, False))
+            (opened,) = await until(p.Opened)
+            assert isinstance(opened, p.Opened)
+            read = p.Read(
+                1, opened.wal, "all", None, 0, None, None, 0, False, False, 0, 100, 1 << 20
+            )
+            send(read)
+            await gate.reached.wait()
+            gate.opened.set()  # the read fails: the node closes the stream's scanner
+            await close_gate.reached.wait()
+            send(p.CloseStream(1))
+            await asyncio.sleep(0.1)  # the close reaches the node while the scanner closes
+            close_gate.opened.set()
+            seen = await until(p.StreamEnded)
+            send(p.Ping(7))
+            seen += await until(p.Pong)
+    finally:
+        writer.close()
+    ended = [m for m in seen if isinstance(m, p.StreamEnded)]
+    assert [(m.stream, m.code) for m in ended] == [(1, p.ErrorCode.BACKEND_UNAVAILABLE)]

@@ -135,7 +135,8 @@ class Credit(msgspec.Struct, array_like=True, frozen=True, tag=7):
 
 
 class CloseStream(msgspec.Struct, array_like=True, frozen=True, tag=8):
-    """Stop the stream; the node answers ``StreamEnded`` (code OK)."""
+    """Stop the stream; the node answers ``StreamEnded`` (code OK, or the error that
+    ended the stream first)."""
 
     stream: int
 

@@ -171,30 +171,36 @@ class Streams:
             if stream.report is not None:
                 stream.report.report()  # the checkpoint flushed, ahead of Done
 
-    async def _stop(self, number: int) -> None:
+    async def _stop(self, number: int) -> bool:
         """Stop the stream and close its scanner; raise what the close raised. The
         stream stays listed until its scanner closed, so a ``CloseWal`` meanwhile waits
         for it too. A pump that is ending on its own is not cancelled: it closes its
-        scanner whole (the subscription's last checkpoint, its name released)."""
+        scanner whole (the subscription's last checkpoint, its name released) and
+        sends the stream's ``StreamEnded`` itself. Whether this call ended the stream
+        (False: no such stream, or its pump ended it)."""
         stream = self._streams.get(number)
         if stream is None or stream.task is None:
-            return
+            return False
         if not stream.ending:
             stream.task.cancel()
         await asyncio.gather(stream.task, return_exceptions=True)
-        self._streams.pop(number, None)
+        ended_here = self._streams.pop(number, None) is not None
         if stream.close_error is not None:
             raise stream.close_error
+        return ended_here
 
     async def close(self, numbers: list[int]) -> None:
         """Stop each of the streams ``numbers`` and close its scanner, then tell the
         client ``StreamEnded`` (OK, whatever the close raised)."""
         # Returns once the streams' scanners closed: their subscriptions' checkpoints
-        # are written and their names free for the next reader.
+        # are written and their names free for the next reader. One StreamEnded a
+        # stream: not another after the one a pump that ended on its own sent.
         for number in numbers:
+            ended_here = True
             with contextlib.suppress(Exception):
-                await self._stop(number)
-            self._send(StreamEnded(number, ErrorCode.OK, ""))
+                ended_here = await self._stop(number)
+            if ended_here:
+                self._send(StreamEnded(number, ErrorCode.OK, ""))
 
     async def end_all(self, code: int | None = None, text: str = "") -> None:
         """Stop the streams (telling the client ``StreamEnded(code, text)`` unless
