@@ -191,7 +191,8 @@ class Streams:
 
     async def close(self, numbers: list[int]) -> None:
         """Stop each of the streams ``numbers`` and close its scanner, then tell the
-        client ``StreamEnded`` (OK, whatever the close raised)."""
+        client ``StreamEnded`` (OK, whatever the close raised), unless its pump ended it
+        meanwhile and said so."""
         # Returns once the streams' scanners closed: their subscriptions' checkpoints
         # are written and their names free for the next reader. One StreamEnded a
         # stream: not another after the one a pump that ended on its own sent.
