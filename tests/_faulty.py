@@ -147,7 +147,7 @@ class _FaultyScanner(BackendScanner):
         elif fault == "stall":
             await asyncio.sleep(STALL)
         elif fault == "gated":
-            assert self._gate is not None, "a gated read fault needs its read_gates event"
+            assert self._gate is not None, "a gated read fault needs a gate in read_gates"
             await self._gate.passed()
         if fault in ("unavailable", "timeout", "stall", "gated"):
             raise walsvc.BackendUnavailable("injected: the read failed")

@@ -28,7 +28,6 @@ import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.core._metrics import CLIENT
 from walsvc.remote import _protocol as p
-from walsvc.remote._protocol import Flush
 
 COUNT = 20
 ROUNDS = 2 * int(os.environ.get("WALSVC_SOAK", "1"))
@@ -269,13 +268,13 @@ async def test_a_close_that_meets_the_stream_ended_by_the_node_goes_again(
                 await scanner.ack(got[-1])
                 closing_task = asyncio.ensure_future(scanner.aclose())
                 conn = wal._conn  # type: ignore[attr-defined]
-                while not any(isinstance(p.item, Flush) for p in conn._pending.values()):  # noqa: ASYNC110
+                while not any(isinstance(q.item, p.Flush) for q in conn._pending.values()):  # noqa: ASYNC110
                     await asyncio.sleep(0.002)
                 gate.opened.set()  # the node's read fails: it ends the stream
                 if closing:
                     await close_gate.reached.wait()
                     proxy.release()  # the close reaches the node as it closes the scanner
-                    await asyncio.sleep(0.1)
+                    await wal.latest_message_id()  # answered behind the close: it was taken
                     close_gate.opened.set()
                 else:
                     while not scanner._suspended:  # noqa: ASYNC110
@@ -289,7 +288,8 @@ async def test_a_close_that_meets_the_stream_ended_by_the_node_goes_again(
 
 async def test_a_stream_closed_as_its_read_fails_ends_once(node: str) -> None:
     """A raw peer closes a stream while the node, its read failed, still closes the
-    stream's scanner: the node waits for that close and answers with the one
+    stream's scanner (the ``Pong`` to a ``Ping`` sent behind the ``CloseStream`` says
+    the node took the close): the node waits for that close and answers with the one
     ``StreamEnded`` the stream's end sent (the read's error), not a second one."""
     pchannel = f"p-{uuid.uuid4().hex[:10]}"
     await _appended(node, pchannel)
@@ -305,14 +305,11 @@ async def test_a_stream_closed_as_its_read_fails_ends_once(node: str) -> None:
         writer.write(p.FRAME_HEADER.pack(len(body)) + body)
 
     async def until(kind: type[msgspec.Struct]) -> list[p.NodeMessage]:
-        """The messages received up to the first ``kind`` (included)."""
+        """The messages of the frames received up to one with a ``kind``."""
         seen: list[p.NodeMessage] = []
-        while not seen or not isinstance(seen[-1], kind):
+        while not any(isinstance(message, kind) for message in seen):
             (length,) = p.FRAME_HEADER.unpack(await reader.readexactly(4))
-            for message in decoder.decode(await reader.readexactly(length)):
-                seen.append(message)
-                if isinstance(message, kind):
-                    break
+            seen += decoder.decode(await reader.readexactly(length))
         return seen
 
     try:
@@ -329,11 +326,12 @@ async def test_a_stream_closed_as_its_read_fails_ends_once(node: str) -> None:
             await gate.reached.wait()
             gate.opened.set()  # the read fails: the node closes the stream's scanner
             await close_gate.reached.wait()
-            send(p.CloseStream(1))
-            await asyncio.sleep(0.1)  # the close reaches the node while the scanner closes
+            send(p.CloseStream(1), p.Ping(7))
+            seen = await until(p.Pong)  # the node took the close as the scanner closes
             close_gate.opened.set()
-            seen = await until(p.StreamEnded)
-            send(p.Ping(7))
+            if not any(isinstance(message, p.StreamEnded) for message in seen):
+                seen += await until(p.StreamEnded)
+            send(p.Ping(8))
             seen += await until(p.Pong)
     finally:
         writer.close()
