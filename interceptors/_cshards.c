@@ -17,9 +17,9 @@
  * KeyQueue: the window's keys in the order they leave it, a ring buffer that the cycle
  * collector does not track. A deque of a million keys is tracked, and a collection of
  * its generation reads every key (23.5 ms for the first young collection after filling a
- * million-key window on file://): the queue holds only keys (str, or tuples of str),
- * which cannot refer back to it, so no cycle runs through it and the collector can
- * ignore it. It is made with the window's size as its capacity, so that a full window
+ * million-key window on file://): the queue holds keys (str, or tuples of str), which
+ * cannot refer back to it, and the window's runs, which refer back only through their
+ * entry's owner while it runs (it is dropped once done), so the collector can ignore it. It is made with the window's size as its capacity, so that a full window
  * never grows it: growing copies the ring into a new one whose pages fault in during the
  * copy (13-14 ms at a million keys on asyncio, bench_dedup_stall).
  */
@@ -516,7 +516,7 @@ static PyTypeObject KeyQueueType = {
 
 /* ---- the window's batch loops ------------------------------------------------------ */
 
-static PyObject *str_vchannel, *str_idempotency_key, *str_timetick;
+static PyObject *str_vchannel, *str_idempotency_key, *str_timetick, *str_txn;
 
 /* The window key of one message (key_of in interceptors/_dedup_window.py: the vchannel,
  * NUL, the key), new; Py_None (borrowed) if the message takes the Python path: no key,
@@ -647,7 +647,135 @@ evict_settled(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     return PyLong_FromLongLong(newest);
 }
 
+/* The number whose canonical counter (no leading zero; lowercase hex of at most 15
+ * digits if base is 16, decimal of at most 18 if 10) is key[from:], or -1 if key[from:]
+ * is not one (counted_key in interceptors/_shards.py). */
+static long long
+counter_of(PyObject *key, Py_ssize_t from, int base)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(key) - from;
+    if (n < 1 || n > (base == 16 ? 15 : 18)) {
+        return -1;
+    }
+    int kind = PyUnicode_KIND(key);
+    const void *data = PyUnicode_DATA(key);
+    long long value = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = kind == PyUnicode_1BYTE_KIND ? ((const Py_UCS1 *)data)[from + i]
+                                                 : PyUnicode_READ(kind, data, from + i);
+        int digit;
+        if (c >= '0' && c <= '9') {
+            digit = (int)(c - '0');
+        }
+        else if (base == 16 && c >= 'a' && c <= 'f') {
+            digit = (int)(c - 'a') + 10;
+        }
+        else {
+            return -1;
+        }
+        if (i == 0 && digit == 0 && n > 1) {
+            return -1;
+        }
+        value = value * base + digit;
+    }
+    return value;
+}
+
+/* counted_run(messages) (interceptors/_shards.py): (stem, first, vchannels) if the
+ * messages are a run of counted keys, else None. */
+static PyObject *
+counted_run(PyObject *Py_UNUSED(module), PyObject *messages)
+{
+    PyObject *seq = PySequence_Fast(messages, "counted_run takes a sequence of messages");
+    if (seq == NULL) {
+        return NULL;
+    }
+    PyObject *result = NULL, *stem = NULL, *vchannels = NULL, *key = NULL, *attr = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), dot = -1;
+    long long first = -1;
+    if (n < 2) {
+        goto none;
+    }
+    if ((key = PyObject_GetAttr(PySequence_Fast_GET_ITEM(seq, 0), str_idempotency_key)) == NULL) {
+        goto done;
+    }
+    if (!PyUnicode_CheckExact(key)) {
+        goto none;
+    }
+    Py_ssize_t length = PyUnicode_GET_LENGTH(key);
+    Py_ssize_t hash_at = PyUnicode_FindChar(key, '#', 0, length, -1);
+    dot = PyUnicode_FindChar(key, '.', 0, length, -1);
+    if (dot == -2 || hash_at == -2) {
+        goto done;
+    }
+    int base = 16;
+    long long bound = 1LL << 60; /* 16**15 */
+    if (hash_at > dot) {
+        dot = hash_at, base = 10, bound = 1000000000000000000LL; /* 10**18 */
+    }
+    if (dot == -1 || (first = counter_of(key, dot + 1, base)) < 0 || first + n > bound) {
+        goto none;
+    }
+    if ((stem = PyUnicode_Substring(key, 0, dot + 1)) == NULL ||
+        (vchannels = PyTuple_New(n)) == NULL) {
+        goto done;
+    }
+    Py_CLEAR(key);
+    int ascii = PyUnicode_IS_COMPACT_ASCII(stem);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *message = PySequence_Fast_GET_ITEM(seq, i);
+        if ((attr = PyObject_GetAttr(message, str_txn)) == NULL) {
+            goto done;
+        }
+        int in_txn = attr != Py_None;
+        Py_CLEAR(attr);
+        if (in_txn) {
+            goto none;
+        }
+        if ((key = PyObject_GetAttr(message, str_idempotency_key)) == NULL) {
+            goto done;
+        }
+        if (!PyUnicode_CheckExact(key)) {
+            goto none;
+        }
+        Py_ssize_t matched;
+        if (ascii && PyUnicode_IS_COMPACT_ASCII(key)) { /* the usual case: one memcmp */
+            matched = PyUnicode_GET_LENGTH(key) > dot + 1 &&
+                      memcmp(PyUnicode_DATA(key), PyUnicode_DATA(stem), (size_t)(dot + 1)) == 0;
+        }
+        else if ((matched = PyUnicode_Tailmatch(key, stem, 0, dot + 1, -1)) < 0) {
+            goto done;
+        }
+        if (!matched || counter_of(key, dot + 1, base) != first + i) {
+            goto none;
+        }
+        Py_CLEAR(key);
+        if ((attr = PyObject_GetAttr(message, str_vchannel)) == NULL) {
+            goto done;
+        }
+        if (!PyUnicode_CheckExact(attr)) {
+            goto none;
+        }
+        PyTuple_SET_ITEM(vchannels, i, attr); /* steals it */
+        attr = NULL;
+    }
+    result = Py_BuildValue("(OLO)", stem, first, vchannels);
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(attr);
+    Py_XDECREF(key);
+    Py_XDECREF(stem);
+    Py_XDECREF(vchannels);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
+    {"counted_run", (PyCFunction)counted_run, METH_O,
+     "counted_run(messages): (stem, first, vchannels) if the messages are a run of counted "
+     "keys (interceptors._shards), else None."},
     {"window_keys", (PyCFunction)window_keys, METH_O,
      "window_keys(messages): each message's window key, or None if one takes the Python "
      "path (no key, not str, a vchannel with NUL)."},
@@ -676,7 +804,8 @@ PyInit__cshards(void)
     if ((general_key = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type)) == NULL ||
         (str_vchannel = PyUnicode_InternFromString("vchannel")) == NULL ||
         (str_idempotency_key = PyUnicode_InternFromString("idempotency_key")) == NULL ||
-        (str_timetick = PyUnicode_InternFromString("timetick")) == NULL) {
+        (str_timetick = PyUnicode_InternFromString("timetick")) == NULL ||
+        (str_txn = PyUnicode_InternFromString("txn")) == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);

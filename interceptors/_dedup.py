@@ -28,7 +28,9 @@ Concurrent keyed appends are taken together (``do_append_coalesced``: the WAL ga
 them, see ``walsvc.CoalescingInterceptor``): their new keys are claimed at once and
 appended as one batch, whose owner is the WAL's task for it, and each key is settled from
 its result; the promises above are the same for them. Most keys of the window are settled
-message keys, held as their bare ``AppendResult``. The window's bookkeeping (its keys,
+message keys, held as their bare ``AppendResult``; an ``append_many`` of new counted keys
+(a remote producer's, ``walsvc.producer_key``'s) is claimed, settled and evicted as one
+``Run`` (``_dedup_runs``), the same keys in another form. The window's bookkeeping (its keys,
 their order, eviction) is ``_dedup_window.Window``'s; what it reads for keys whose outcome
 is not at hand (owners in flight, ambiguous appends, recalls) is
 ``_dedup_lookup.KeyLookup``'s.
@@ -55,13 +57,9 @@ from walsvc.core._message import AppendResult, Message, MessageType
 from walsvc.core._timetick import span_of_ms
 
 from ._dedup_lookup import KeyLookup, kind_mismatch
-from ._dedup_window import (
-    Entry,
-    Key,
-    Window,
-    in_flight,
-    key_of,
-)
+from ._dedup_runs import Run
+from ._dedup_slots import Entry, Key, in_flight, key_of
+from ._dedup_window import Window
 from ._key_search import messages_since
 from ._shards import window_keys
 
@@ -117,7 +115,7 @@ class Dedup:
 
     def __len__(self) -> int:
         """How many keys the window holds."""
-        return len(self._window)
+        return len(self._keys)
 
     # -- the window on open -------------------------------------------------------------
 
@@ -213,6 +211,12 @@ class Dedup:
     async def _keyed_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
     ) -> list[AppendResult]:
+        if not self._rebuilt():
+            await self.wait_rebuilt()
+        # A run of new counted keys (a remote producer's append_many): one claim.
+        run = self._keys.claim_run(messages, self._bound().last_confirmed_id())
+        if run is not None:
+            return await self._own(run.entry, self._append_run(run, list(messages), call_next))
         # Every message's key in one C loop; None if one has no key or a NUL in its vchannel.
         keys = cast("list[Key | None] | None", window_keys(messages))
         if keys is None:
@@ -220,7 +224,7 @@ class Dedup:
                 None if m.idempotency_key is None else key_of(m.vchannel, m.idempotency_key)
                 for m in messages
             ]
-        if None not in keys and self._rebuilt():  # the usual batch: keyed, every key new
+        if None not in keys:  # the usual batch: keyed, every key new
             entry = Entry(self._bound().last_confirmed_id(), False)
             if self._claim_new(cast("list[Key]", keys), entry):
                 work = self._append_batch(keys, entry, list(messages), call_next)
@@ -234,6 +238,8 @@ class Dedup:
     def _claim_new(self, keys: list[Key], entry: Entry) -> bool:
         """Claim each of ``keys`` under ``entry`` and return True if every one is new (not
         in the window, not twice in ``keys``); else claim none and return False."""
+        if self._keys.runs and self._keys.runs.any_of(keys):
+            return False  # a run holds one
         window = self._window
         size = len(window)
         # One probe per key, in C loops; a key already there keeps its slot, and the
@@ -257,11 +263,13 @@ class Dedup:
         """``_keyed_batch`` for a batch with a key that is not new (settled, in flight,
         or twice in it) or without a key: the keys it waits on go to ``held``."""
         window = self._window
+        get = self._keys.get  # the table's keys and the runs'
         while True:
             if not self._rebuilt():
                 await self.wait_rebuilt()
-            known = [k for k in keys if k is not None and k in window]  # usually none
-            waiting = [k for k in known if in_flight(window[k])]
+            # The keys the window holds (usually none), with their slots.
+            known = {k: slot for k in keys if k is not None and (slot := get(k)) is not None}
+            waiting = [k for k, slot in known.items() if in_flight(slot)]
             if not waiting:
                 break  # and nothing awaits from here to the claims
             self._keys.hold(waiting)
@@ -269,7 +277,7 @@ class Dedup:
             for busy in waiting:
                 await self._settled(busy, False)  # its owner's outcome, or a read of the log
         for settled in known:
-            if type(window[settled]) is Entry:
+            if type(get(settled)) is Entry:
                 raise kind_mismatch(settled, True)  # a settled transaction key
         entry = Entry(self._bound().last_confirmed_id(), False)
         batch: list[Message] = []
@@ -278,7 +286,7 @@ class Dedup:
         answers: list[AppendResult | int] = []  # a settled result, or a place in ``batch``
         for message, key in zip(messages, keys, strict=True):
             if key is not None:
-                slot = window.get(key)
+                slot = get(key)
                 if slot is entry:  # twice in this batch: answered as the first
                     answers.append(first[key])
                     self.hits += 1
@@ -320,7 +328,7 @@ class Dedup:
         if keys is not None and self._claim_new(keys, entry):  # the usual batch: all new
             return await self._append_coalesced(keys, entry, list(messages), call_next)
         window = self._window
-        get = window.get
+        get = self._keys.get  # the table's keys and the runs'
         batch: list[Message] = []
         claimed: list[Key] = []  # the key of each message of ``batch``
         others: dict[int, AppendResult | int | None] = {}  # messages not in ``batch``
@@ -388,12 +396,7 @@ class Dedup:
         result, its error, or None (the batch was refused as too large: each message
         tries again alone, so that only that one fails)."""
         try:
-            appended = await call_next(batch)
-            if len(appended) != len(batch):
-                raise AppendOutcomeUnknown(
-                    f"the interceptor chain returned {len(appended)} results for a batch of"
-                    f" {len(batch)} appends; they may or may not be in the log"
-                )
+            appended = await _append_whole(batch, call_next)
         except AppendOutcomeUnknown as exc:
             return await self._lookup.resolve_all(claimed, entry, exc)
         except MessageTooLarge:
@@ -445,15 +448,7 @@ class Dedup:
         try:
             appended = await call_next(batch)
         except AppendOutcomeUnknown as exc:
-            # Each key is looked up in the log: found ones answer, the rest are released.
-            resolved = iter(await self._lookup.resolve_all(keys, entry, exc))
-            found = [None if key is None else next(resolved) for key in claimed]
-            for outcome in found:
-                if isinstance(outcome, Exception) and outcome is not exc:
-                    raise outcome from exc  # the log could not be read: the keys stay blocked
-            if any(not isinstance(outcome, AppendResult) for outcome in found):
-                raise  # a retry appends what is missing and is answered for the rest
-            return [r for r in found if isinstance(r, AppendResult)]
+            return await self._resolve_batch(claimed, keys, entry, exc)
         except BaseException:
             self._keys.release_all(keys, entry)  # nothing was written
             raise
@@ -464,6 +459,44 @@ class Dedup:
                 keys, entry, [r for k, r in zip(claimed, appended, strict=True) if k is not None]
             )
         return appended
+
+    async def _append_run(
+        self, run: Run, batch: list[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        """``_append_batch`` for a batch whose keys are ``run``: settled as one, or split
+        into the table to be resolved key by key if the outcome is unknown."""
+        try:
+            appended = await _append_whole(batch, call_next)
+        except AppendOutcomeUnknown as exc:
+            keys = self._keys.split_run(run)
+            return await self._resolve_batch(keys, keys, run.entry, exc)
+        except BaseException:
+            self._keys.release_run(run)  # nothing was written
+            raise
+        self._keys.settle_run(run, appended)
+        return appended
+
+    async def _resolve_batch(
+        self,
+        claimed: Sequence[Key | None],
+        keys: Sequence[Key],
+        entry: Entry,
+        error: AppendOutcomeUnknown,
+    ) -> list[AppendResult]:
+        """The results of a batch whose append ended in ``error``, if the log shows that
+        every keyed message of it landed (``claimed``: each message's key, or None;
+        ``keys``: the keys, under ``entry``). Each key is looked up in the log: found
+        ones are settled, the rest released, and ``error`` is raised (a retry appends
+        what is missing and is answered for the rest); if the log cannot be read, the
+        keys stay blocked and that is raised."""
+        resolved = iter(await self._lookup.resolve_all(keys, entry, error))
+        found = [None if key is None else next(resolved) for key in claimed]
+        for outcome in found:
+            if isinstance(outcome, Exception) and outcome is not error:
+                raise outcome from error  # the log could not be read: the keys stay blocked
+        if any(not isinstance(outcome, AppendResult) for outcome in found):
+            raise error
+        return [r for r in found if isinstance(r, AppendResult)]
 
     # -- looking keys up ------------------------------------------------------------------
 
@@ -537,6 +570,18 @@ class Dedup:
             self._rebuild.cancel()
         if self._owners:
             await asyncio.wait(list(self._owners))
+
+
+async def _append_whole(batch: list[Message], call_next: AppendBatchNext) -> list[AppendResult]:
+    """``call_next(batch)``: a result per message, or ``AppendOutcomeUnknown`` if the chain
+    returned another count (what of the batch landed is not known)."""
+    appended = await call_next(batch)
+    if len(appended) != len(batch):
+        raise AppendOutcomeUnknown(
+            f"the interceptor chain returned {len(appended)} results for a batch of"
+            f" {len(batch)} appends; they may or may not be in the log"
+        )
+    return appended
 
 
 def _copy(error: BaseException, note: str) -> WALError:

@@ -25,7 +25,8 @@ from walsvc.core._chain import InterceptorContext
 from walsvc.core._errors import AppendOutcomeUnknown, InvalidArgument, WALError
 from walsvc.core._message import AppendResult
 
-from ._dedup_window import Entry, Key, Window, named
+from ._dedup_slots import Entry, Key, named
+from ._dedup_window import Window
 from ._key_search import find_keys, find_keys_since
 
 __all__ = ("KeyLookup", "kind_mismatch")
@@ -52,10 +53,9 @@ class KeyLookup:
         blocked, and raises ``AppendOutcomeUnknown`` if that still cannot tell;
         ``InvalidArgument`` if the key names the other kind. The caller holds ``key``
         from eviction."""
-        window = self._keys.slots
         retried = False
         while True:
-            slot = window.get(key)
+            slot = self._keys.get(key)
             if slot is None:
                 return None
             if isinstance(slot, AppendResult):
@@ -148,7 +148,7 @@ class KeyLookup:
         found = await find_keys_since(self._bound(), missing, since_tick, forgotten_below)
         window = self._keys.slots
         for key, result in found.items():
-            if key not in window:  # else claimed meanwhile: the claim stays
+            if self._keys.get(key) is None:  # else claimed meanwhile: the claim stays
                 window[key] = result
                 self._keys.order.append(key)
         # a key asked twice is answered twice

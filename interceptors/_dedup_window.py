@@ -2,85 +2,50 @@
 
 ``Window`` is the bookkeeping under ``Dedup``: a table from window key to slot (a settled
 message key's ``AppendResult``, or an ``Entry``: in flight, blocked, or a settled
-transaction key), the keys in the order they were claimed (or read, on open), the
-stale entries of that order (one per release: a released key may be claimed again), and
-the keys a retry waits on (held: eviction stops at them). ``evict`` drops the oldest
-settled keys beyond ``max_keys`` or older than ``age_ticks``; it never drops a key in
-flight or held, and it notes the newest tick it dropped (``forgotten_below``): below
-that tick, a key missing from the window may still be in the log. Nothing here awaits:
-``Dedup`` decides who claims, settles and releases, and this keeps the window true to
-it. The table is a ``ShardedDict`` (``_shards``): a
-dict in shards, so that a rebuild under churn holds the loop for one shard, not the
-window; the order is a ``KeyQueue``, which the cycle collector does not read.
+transaction key; ``_dedup_slots``), the runs of counted keys (a batch's keys in one
+``Run``: ``_dedup_runs``), the keys and runs in the order they were claimed (or read,
+on open), the stale entries of that order (one per release: a released key may be
+claimed again), and the keys a retry waits on (held: eviction stops at them). ``get``
+reads a key's slot from either. ``evict`` drops the oldest settled keys beyond
+``max_keys`` or older than ``age_ticks``; it never drops a key in flight or held, and it
+notes the newest tick it dropped (``forgotten_below``): below that tick, a key missing
+from the window may still be in the log. Nothing here awaits: ``Dedup`` decides who
+claims, settles and releases, and this keeps the window true to it. The table is a
+``ShardedDict`` (``_shards``): a dict in shards, so that a rebuild under churn holds the
+loop for one shard, not the window; the order is a ``KeyQueue``, which the cycle
+collector does not read.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, final
-
-import msgspec
+from typing import final
 
 from walsvc.core._ids import MessageId
-from walsvc.core._message import AppendResult, ImmutableMessage, MessageType
+from walsvc.core._message import AppendResult, ImmutableMessage, Message
 
-from ._shards import KeyQueue, Queue, ShardedDict, Table, evict_settled
-
-__all__ = (
-    "Entry",
-    "Key",
-    "Slot",
-    "Window",
-    "in_flight",
-    "key_of",
-    "named",
-    "result_of",
-    "settled_key",
+from ._dedup_runs import Run, Runs
+from ._dedup_slots import Entry, Key, Slot, key_of, result_of, settled_key
+from ._shards import (
+    KeyQueue,
+    Queue,
+    ShardedDict,
+    Table,
+    counted,
+    counted_run,
+    evict_settled,
+    window_keys,
 )
 
-#: A key of the window: ``vchannel + "\0" + idempotency key`` (no NUL in the vchannel: the
-#: first NUL ends it), else the tuple (vchannel, idempotency key). A str is hashed once and
-#: is no work for the cycle collector, which a tuple per key kept in the window was.
-Key = str | tuple[str, str]
-
-
-@final
-class Entry(msgspec.Struct, gc=False):
-    """A key of the window that is not a settled message key: in flight (``owner``
-    running), blocked (no ``owner``, no ``result``: its outcome could not be read), or a
-    settled transaction key (``result``, ``txn``). The keys of one batch share one.
-
-    Neither it nor an ``AppendResult`` is tracked by the cycle collector, so the
-    window's table, which holds only them and str keys, is never tracked either: a
-    collection does not read a window of a million keys. In return it must be in no
-    reference cycle: its owner, whose coroutine refers to it, is dropped once done
-    (``drop_owner``)."""
-
-    #: At or before where the keyed messages land: resolution reads from here.
-    floor: MessageId | None
-    #: True if the key names a transaction (settled by its CommitTxn).
-    txn: bool
-    result: AppendResult | None = None
-    #: The append that settles the keys, while it runs.
-    owner: asyncio.Future[Any] | None = None
-
-    def drop_owner(self, owner: asyncio.Future[Any]) -> None:
-        """Forget ``owner``, done, unless another owns the keys since."""
-        if self.owner is owner:
-            self.owner = None
-
-
-#: What the window holds per key: a settled message key's result (most keys), or an
-#: ``Entry``.
-Slot = AppendResult | Entry
+__all__ = ("Window",)
 
 
 @final
 class Window:
-    """The keys of one ``Dedup`` (see the module docs). ``slots`` is the window itself,
-    read and claimed into by ``Dedup`` directly on its hot paths (the dict is never
-    replaced); ``order`` may be replaced (``compact``), so it is read through here."""
+    """The keys of one ``Dedup`` (see the module docs). ``slots`` is the table, read
+    and claimed into by ``Dedup`` directly on its hot paths (the dict is never
+    replaced), for keys that ``runs`` does not hold (``get`` reads both); ``order`` may
+    be replaced (``compact``), so it is read through here."""
 
     __slots__ = (
         "age_ticks",
@@ -89,6 +54,7 @@ class Window:
         "last_tick",
         "max_keys",
         "order",
+        "runs",
         "slots",
         "stale",
     )
@@ -100,10 +66,12 @@ class Window:
         #: measures from it.
         self.last_tick: Callable[[], int] = lambda: 0
         self.slots: Table[Key, Slot] = ShardedDict()
-        # The keys in the order they were claimed (or read, on open), the oldest first, and
-        # how many entries of each key there are stale: one per release (a released key
-        # may be claimed again later; its older entries come first).
-        self.order: Queue[Key] = KeyQueue(max_keys)
+        self.runs = Runs()
+        # The keys and runs in the order they were claimed (or read, on open), the oldest
+        # first, and how many entries of each key there are stale: one per release (a
+        # released key may be claimed again later; its older entries come first). A
+        # released run is marked dead instead.
+        self.order: Queue[Key | Run] = KeyQueue(max_keys)
         self.stale: dict[Key, int] = {}
         # The keys a retry waits on (its owner's outcome), with how many wait: eviction
         # stops at them, so that a key settled while the window is past its bound is
@@ -115,14 +83,22 @@ class Window:
         self.forgotten_below = 0
 
     def __len__(self) -> int:
-        return len(self.slots)
+        return len(self.slots) + self.runs.keys
+
+    def get(self, key: Key) -> Slot | None:
+        """The slot of ``key``, from the table or a run; None if the window does not
+        hold it."""
+        slot = self.slots.get(key)
+        if slot is None and self.runs:
+            return self.runs.slot(key)
+        return slot
 
     def note_settled(self, message: ImmutableMessage) -> bool:
         """Put a keyed message read from the log into the window (the rebuild on open);
         True if it added a key."""
         key = settled_key(message)
         slots = self.slots
-        if key is None or key in slots:
+        if key is None or self.get(key) is not None:
             return False
         result = result_of(message)
         if message.txn is None:
@@ -131,14 +107,65 @@ class Window:
             entry = slots[key] = Entry(None, True)
             entry.result = result
         self.order.append(key)
-        if len(slots) > self.max_keys:
+        if len(self) > self.max_keys:
             self.evict()  # one key at a time, not the excess of a whole window at the end
         return True
+
+    # -- runs -----------------------------------------------------------------------------
+
+    def claim_run(self, messages: Sequence[Message], floor: MessageId | None) -> Run | None:
+        """Claim the keys of ``messages`` as one run under a new entry (``floor``), if
+        they are a run (``counted_run``) of keys that are all new: numbered above every
+        run of their stem and not in the table. Else claim nothing and return None."""
+        run_of_keys = counted_run(messages)
+        if run_of_keys is None:
+            return None
+        stem, first, vchannels = run_of_keys
+        if first < self.runs.end(stem):
+            return None  # a run of the stem may hold some: the caller sorts them out
+        slots = self.slots
+        if len(slots):
+            keys: Sequence[Key] | None = window_keys(messages)  # None: a vchannel with NUL
+            if keys is None:
+                keys = [key_of(v, counted(stem, first + i)) for i, v in enumerate(vchannels)]
+            if any(map(slots.__contains__, keys)):
+                return None
+        run = Run(stem, first, vchannels, Entry(floor, False))
+        self.runs.add(run)
+        self.order.append(run)
+        return run
+
+    def settle_run(self, run: Run, results: Sequence[AppendResult]) -> None:
+        """Settle ``run``'s keys with their ``results`` (one per key, in order)."""
+        run.results = tuple(results)  # a copy: the caller gets the list
+        self.evict()
+
+    def release_run(self, run: Run) -> None:
+        """Forget ``run``'s keys (its append wrote nothing)."""
+        if not run.dead:
+            self.runs.drop(run)  # its entry in order is skipped from here on
+
+    def split_run(self, run: Run) -> list[Key]:
+        """Move ``run``'s keys into the table, under its entry (in flight) or with their
+        results, and return them: for the look-ups of the table (an ambiguous outcome
+        is resolved key by key)."""
+        keys = run.keys()
+        self.runs.drop(run)
+        slots = self.slots
+        results = run.results
+        if results is None:
+            slots.update(zip(keys, [run.entry] * len(keys), strict=True))
+        else:
+            slots.update(zip(keys, results[run.start :], strict=True))
+        self.order.extend(keys)
+        return keys
+
+    # -- keys -----------------------------------------------------------------------------
 
     def settle_all(
         self, keys: Sequence[Key], entry: Entry, results: Sequence[AppendResult]
     ) -> None:
-        """Settle ``keys``, claimed under ``entry``, with their ``results``."""
+        """Settle ``keys``, claimed under ``entry`` in the table, with their ``results``."""
         if entry.txn:
             (entry.result,) = results  # the window keeps the entry: it names a transaction
         else:
@@ -164,7 +191,8 @@ class Window:
                 held[key] = count - 1
 
     def release(self, key: Key, entry: Entry) -> None:
-        """Forget ``key``, claimed under ``entry`` (its append wrote nothing)."""
+        """Forget ``key``, claimed under ``entry`` in the table (its append wrote
+        nothing)."""
         slots = self.slots
         if slots.get(key) is entry:
             del slots[key]
@@ -181,8 +209,12 @@ class Window:
         """Drop the stale entries of ``order``: many keys were released (appends that
         failed) while few settled, so that eviction did not reach them."""
         stale = self.stale
-        kept: Queue[Key] = KeyQueue(self.max_keys)
+        kept: Queue[Key | Run] = KeyQueue(self.max_keys)
         for key in self.order:
+            if type(key) is Run:
+                if not key.dead:
+                    kept.append(key)
+                continue
             count = stale.get(key)
             if count is None:
                 kept.append(key)
@@ -192,13 +224,23 @@ class Window:
                 stale[key] = count - 1
         self.order = kept
 
+    # -- eviction -------------------------------------------------------------------------
+
     def evict(self) -> None:
         """Drop the oldest settled keys beyond ``max_keys`` or older than ``age_ticks``."""
+        horizon = self.last_tick() - self.age_ticks
+        order = self.order
+        while True:
+            self._evict_keys(horizon)
+            if not order or type(order[0]) is not Run or not self._evict_run(order[0], horizon):
+                return
+
+    def _evict_keys(self, horizon: int) -> None:
+        """``evict`` up to the first run in ``order``."""
         window = self.slots
         order = self.order
         stale = self.stale
-        horizon = self.last_tick() - self.age_ticks
-        max_keys = self.max_keys
+        max_keys = self.max_keys - self.runs.keys  # the table's share of the bound
         held = self.held
         if not stale and not held:  # the usual case: the settled keys first, in a C loop
             newest = evict_settled(order, window, max_keys, horizon, AppendResult)
@@ -206,6 +248,8 @@ class Window:
                 self.forgotten_below = newest + 1
         while order:
             key = order[0]
+            if type(key) is Run:
+                break
             if stale:
                 count = stale.get(key)
                 if count is not None:  # an entry of a key released since
@@ -236,32 +280,31 @@ class Window:
             if result.timetick >= self.forgotten_below:
                 self.forgotten_below = result.timetick + 1
 
-
-def in_flight(slot: Slot) -> bool:
-    """True for a key whose append is in flight or blocked (no result yet)."""
-    return type(slot) is Entry and slot.result is None
-
-
-def settled_key(message: ImmutableMessage) -> Key | None:
-    """The window key a message in the log settles: a keyed message outside
-    transactions, or a transaction's CommitTxn."""
-    key = message.idempotency_key
-    if key is None or (message.txn is not None and message.type is not MessageType.COMMIT_TXN):
-        return None
-    return key_of(message.vchannel, key)
-
-
-def key_of(vchannel: str, key: str) -> Key:
-    """The window key of idempotency key ``key`` on ``vchannel``."""
-    return f"{vchannel}\0{key}" if "\0" not in vchannel else (vchannel, key)
-
-
-def named(key: Key) -> str:
-    """A window key as error messages name it: the key, then its vchannel."""
-    vchannel, key_text = key.split("\0", 1) if isinstance(key, str) else key
-    return f"{key_text!r} on vchannel {vchannel!r}"
-
-
-def result_of(message: ImmutableMessage) -> AppendResult:
-    """The ``AppendResult`` an append of ``message`` returned."""
-    return AppendResult(message.message_id, message.timetick, message.last_confirmed_id)
+    def _evict_run(self, run: Run, horizon: int) -> bool:
+        """``evict`` for ``run``, the first in ``order``: drop its oldest keys beyond the
+        bound or older than ``age_ticks``; True if it left ``order`` (gone whole, or
+        dead), False if the bound is met or it must stay (in flight, or held)."""
+        if run.dead:
+            self.order.popleft()
+            return True
+        results = run.results
+        if results is None:
+            return False  # in flight: the bound is met once it settles
+        held = self.held
+        if held and any(self.runs.run_of(key) is run for key in held):
+            return False  # a retry waits to read one of its keys
+        start = run.start
+        stop = min(len(results), start + max(0, len(self) - self.max_keys))
+        while stop < len(results) and results[stop].timetick < horizon:
+            stop += 1
+        if stop > start:
+            run.start = stop
+            self.runs.keys -= stop - start
+            newest = max(result.timetick for result in results[start:stop])
+            if newest >= self.forgotten_below:
+                self.forgotten_below = newest + 1
+        if stop < len(results):
+            return False
+        self.order.popleft()
+        self.runs.drop(run)
+        return True

@@ -17,7 +17,7 @@ from walsvc.core._errors import AppendOutcomeUnknown, WALError, WALTruncated
 from walsvc.core._ids import MessageId
 from walsvc.core._message import AppendResult, ImmutableMessage
 
-from ._dedup_window import Key, result_of, settled_key
+from ._dedup_slots import Key, result_of, settled_key
 from ._reading import read_through
 
 __all__ = ("find_keys", "find_keys_since", "messages_since")

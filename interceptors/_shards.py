@@ -11,26 +11,38 @@ dict.
 ``Table`` is what the window uses of it: the dict operations ``ShardedDict`` answers as a
 dict does (no iteration, no order: the window keeps its own).
 
-``KeyQueue`` is that order: the window's keys, first in first out, in a ring the cycle
-collector does not track (a deque of a million keys is tracked, and a collection of its
-generation reads every key: 23.5 ms for the first young collection after filling a
-million-key window on ``file://``). ``Queue`` is what the window uses of it, the deque
-operations it answers as a deque does. ``KeyQueue(capacity)`` reserves room for that
-many keys. Without the C compiler it is a deque.
+``KeyQueue`` is that order: the window's keys (and runs), first in first out, in a ring
+the cycle collector does not track (a deque of a million keys is tracked, and a
+collection of its generation reads every key: 23.5 ms for the first young collection
+after filling a million-key window on ``file://``). ``Queue`` is what the window uses
+of it, the deque operations it answers as a deque does. ``KeyQueue(capacity)`` reserves
+room for that many keys. Without the C compiler it is a deque.
 
-Two loops of the window over a whole batch are compiled too, with the same results
-without the compiler: ``window_keys`` (the window key of each message of a batch) and
-``evict_settled`` (eviction of the oldest settled keys). Per message in Python they
-were about a fifth of a remote node's CPU per ``append_many`` of 100 keyed messages.
+Three loops of the window over a whole batch are compiled too, with the same results
+without the compiler: ``window_keys`` (the window key of each message of a batch),
+``evict_settled`` (eviction of the oldest settled keys) and ``counted_run`` (whether a
+batch's keys are a run of counted keys, ``_dedup_runs``; ``counted_key`` parses one).
+Per message in Python the first two were about a fifth of a remote node's CPU per
+``append_many`` of 100 keyed messages, and ``counted_run`` about a seventh.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
-__all__ = ("KeyQueue", "Queue", "ShardedDict", "Table", "evict_settled", "window_keys")
+__all__ = (
+    "KeyQueue",
+    "Queue",
+    "ShardedDict",
+    "Table",
+    "counted",
+    "counted_key",
+    "counted_run",
+    "evict_settled",
+    "window_keys",
+)
 
 _K = TypeVar("_K", contravariant=True)
 _V = TypeVar("_V")
@@ -100,9 +112,72 @@ def _evict_settled(
     return newest
 
 
+#: Per separator of a counted key: the base of its counter and the bound of its numbers
+#: (15 hex digits, 18 decimal ones: below 2**60, so that a C long long holds them).
+_COUNTERS: Final = {".": (16, 16**15), "#": (10, 10**18)}
+_HEX: Final = frozenset("0123456789abcdef")
+_DECIMAL: Final = frozenset("0123456789")
+
+
+def counted_key(key: str) -> tuple[str, int] | None:
+    """The stem and number of a counted key, or None if ``key`` is not one. A counted
+    key is a stem ending in ``.`` and a counter in canonical lowercase hex (a
+    ``walsvc://`` client's producer keys, ``~<producer>.<n>``), or a stem ending in
+    ``#`` and a counter in canonical decimal (``walsvc.producer_key``): no leading zero,
+    below 16**15 and 10**18."""
+    at = max(key.rfind("."), key.rfind("#"))
+    if at < 0:
+        return None
+    digits = key[at + 1 :]
+    base, bound = _COUNTERS[key[at]]
+    if (
+        not digits
+        or (digits[0] == "0" and len(digits) > 1)
+        or not (_HEX if base == 16 else _DECIMAL).issuperset(digits)
+    ):
+        return None
+    number = int(digits, base)
+    return (key[: at + 1], number) if number < bound else None
+
+
+def counted(stem: str, number: int) -> str:
+    """The counted key numbered ``number`` of ``stem`` (``counted_key``'s inverse)."""
+    return f"{stem}{number:x}" if stem[-1] == "." else f"{stem}{number}"
+
+
+def _counted_run(messages: Sequence[Any]) -> tuple[str, int, tuple[str, ...]] | None:
+    """The stem, first number and vchannels of ``messages`` if they are a run: two or
+    more messages outside transactions whose keys are one stem counted up by one
+    (``counted_key``), on str vchannels; else None."""
+    if len(messages) < 2:
+        return None
+    first_key = messages[0].idempotency_key
+    if type(first_key) is not str:
+        return None
+    parsed = counted_key(first_key)
+    if parsed is None:
+        return None
+    stem, first = parsed
+    if first + len(messages) > _COUNTERS[stem[-1]][1]:
+        return None
+    number = first
+    for message in messages:
+        key = message.idempotency_key
+        if (
+            message.txn is not None
+            or type(key) is not str
+            or key != counted(stem, number)
+            or type(message.vchannel) is not str
+        ):
+            return None
+        number += 1
+    return stem, first, tuple(message.vchannel for message in messages)
+
+
 ShardedDict = dict
 KeyQueue: Callable[[int], Queue[Any]] = _deque_queue
 window_keys: Callable[[Sequence[Any]], list[str] | None] = _window_keys
+counted_run: Callable[[Sequence[Any]], tuple[str, int, tuple[str, ...]] | None] = _counted_run
 evict_settled: Callable[[Queue[Any], Table[Any, Any], int, int, type], int] = _evict_settled
 if not TYPE_CHECKING:  # the type checker reads dict: what the compiled one answers as
     try:
@@ -114,3 +189,4 @@ if not TYPE_CHECKING:  # the type checker reads dict: what the compiled one answ
         KeyQueue = _cshards.KeyQueue
         window_keys = _cshards.window_keys
         evict_settled = _cshards.evict_settled
+        counted_run = _cshards.counted_run

@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from interceptors import Dedup
-from interceptors._dedup_window import Window, key_of
+from interceptors._dedup_slots import key_of
+from interceptors._dedup_window import Window
 from interceptors._shards import KeyQueue, ShardedDict
 
 
@@ -212,7 +213,7 @@ def test_the_compiled_eviction_answers_as_its_python_twin(
     newest tick: settled keys (an ``AppendResult`` with a tick; None here: an ``Entry``,
     where it stops) while the window is over ``max_keys`` or older than ``horizon``."""
     from interceptors import _shards
-    from interceptors._dedup_window import Entry
+    from interceptors._dedup_slots import Entry
     from walsvc.core._message import AppendResult
 
     def window(make_table: Any, make_queue: Any) -> tuple[Any, Any]:
@@ -229,3 +230,88 @@ def test_the_compiled_eviction_answers_as_its_python_twin(
     assert list(c_order) == list(p_order)
     assert len(c_table) == len(p_table)
     assert all(key in c_table for key in p_order)
+
+
+_stems = st.sampled_from(["~p.", "p#", "a.b#", "a#b.", "é.", ".", "#", "x"])
+_counters = st.one_of(
+    st.integers(0, 300).map(lambda n: ("hex", n)),
+    st.integers(0, 300).map(lambda n: ("dec", n)),
+    st.integers(16**15 - 3, 16**15 + 1).map(lambda n: ("hex", n)),
+    st.integers(10**18 - 3, 10**18 + 1).map(lambda n: ("dec", n)),
+    st.sampled_from(["0a", "A", "00", "-1", "", "1f ", "٣", "1_0"]).map(lambda t: ("raw", t)),
+)
+
+
+def _counter_text(counter: tuple[str, Any]) -> str:
+    form, value = counter
+    return f"{value:x}" if form == "hex" else str(value)
+
+
+@given(
+    _stems,
+    _counters,
+    st.integers(0, 5),
+    st.lists(st.sampled_from(["same", "skip", "repeat", "txn", "no-key", "vchannel"]), max_size=3),
+    st.sampled_from(["v", "vé", "v\0x"]),
+)
+def test_the_compiled_counted_run_answers_as_its_python_twin(
+    stem: str,
+    counter: tuple[str, Any],
+    size: int,
+    breaks: list[str],
+    vchannel: str,
+) -> None:
+    """``counted_run`` (C) answers as its Python twin: a batch of two or more messages
+    outside transactions whose keys count one stem up by one (``counted_key``), with
+    its stem, first number and vchannels; None for anything else (a counter out of
+    form or bound, a gap, a repeat, a transaction, a missing key)."""
+    from interceptors import _shards
+    from walsvc import Message, TxnContext
+
+    first = _counter_text(counter)
+    parsed = _shards.counted_key(stem + first)
+    numbers = list(range(parsed[1], parsed[1] + size)) if parsed else []
+    keys = [stem + first] + [_shards.counted(parsed[0], n) for n in numbers[1:]] if parsed else []
+    messages = [Message(payload=b"", vchannel=vchannel, idempotency_key=k) for k in keys]
+    for i, what in enumerate(breaks):
+        if len(messages) < 2:
+            break
+        at = 1 + i % (len(messages) - 1)
+        m = messages[at]
+        if what == "skip":
+            messages[at] = Message(payload=b"", vchannel=vchannel, idempotency_key=keys[at] + "0")
+        elif what == "repeat":
+            messages[at] = messages[at - 1]
+        elif what == "txn":
+            messages[at] = Message(
+                payload=b"",
+                vchannel=vchannel,
+                idempotency_key=m.idempotency_key,
+                txn=TxnContext(txn_id=1, keepalive_ms=1000),
+            )
+        elif what == "no-key":
+            messages[at] = Message(payload=b"", vchannel=vchannel)
+        elif what == "vchannel":
+            messages[at] = Message(payload=b"", vchannel="other", idempotency_key=m.idempotency_key)
+    compiled = _shards.counted_run(messages)
+    assert compiled == _shards._counted_run(messages)
+    if compiled is not None:
+        stem_of, number, vchannels = compiled
+        assert [m.idempotency_key for m in messages] == [
+            _shards.counted(stem_of, number + i) for i in range(len(messages))
+        ]
+        assert vchannels == tuple(m.vchannel for m in messages)
+        assert _shards.counted_key(messages[-1].idempotency_key or "") == (
+            stem_of,
+            number + len(messages) - 1,
+        )
+
+
+@given(st.text(max_size=8))
+def test_a_counted_key_is_its_stem_and_number(text: str) -> None:
+    """``counted`` undoes ``counted_key``: a counted key has one form."""
+    from interceptors import _shards
+
+    parsed = _shards.counted_key(text)
+    if parsed is not None:
+        assert _shards.counted(*parsed) == text
