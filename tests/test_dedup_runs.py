@@ -6,6 +6,7 @@ vchannels, failures, ambiguous outcomes, the bound and recall."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import uuid
 from collections.abc import Sequence
@@ -246,11 +247,14 @@ async def test_the_keys_of_runs_are_rebuilt_from_the_log_on_open(tmp_path: objec
     assert [k for _, k in _keyed(log)] == keys
 
 
+#: ``WALSVC_SOAK=N`` (``make soak``): N times the random schedule's seeds.
+SOAK = int(os.environ.get("WALSVC_SOAK", "1"))
 #: What the random schedule adds to a message's vchannel: mostly nothing.
 _SUFFIXES = ("", "", "", "+", "\0")
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3 * SOAK))
 async def test_random_resends_of_runs_land_each_key_once(seed: int) -> None:
     """Seeded rounds of concurrent appends of counted keys: batches of new, known and
     overlapping ranges of several producers, singles, keys on other vchannels (one with
