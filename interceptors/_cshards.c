@@ -772,7 +772,110 @@ done:
     return result;
 }
 
+/* The stem (new) and number of counted key `text` (counted_key in
+ * interceptors/_shards.py): 0 and *stem NULL if it is not one, -1 on an error. */
+static int
+parse_counted(PyObject *text, PyObject **stem, long long *number)
+{
+    *stem = NULL;
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t dot = PyUnicode_FindChar(text, '.', 0, length, -1);
+    Py_ssize_t hash_at = PyUnicode_FindChar(text, '#', 0, length, -1);
+    if (dot == -2 || hash_at == -2) {
+        return -1;
+    }
+    int base = 16;
+    if (hash_at > dot) {
+        dot = hash_at, base = 10;
+    }
+    if (dot == -1 || (*number = counter_of(text, dot + 1, base)) < 0) {
+        return 0;
+    }
+    *stem = PyUnicode_Substring(text, 0, dot + 1);
+    return *stem == NULL ? -1 : 0;
+}
+
+/* spans_hold(keys, spans) (interceptors/_shards.py): True if the counted key of one of
+ * the window keys has a number within its stem's span [low, end) of spans. */
+static PyObject *
+spans_hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "spans_hold(keys, spans: dict)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "spans_hold takes a sequence of keys");
+    if (seq == NULL) {
+        return NULL;
+    }
+    PyObject *found = Py_False;
+    for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(seq); i < n; i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(seq, i), *text = NULL;
+        if (PyUnicode_CheckExact(key)) {
+            Py_ssize_t nul = PyUnicode_FindChar(key, 0, 0, PyUnicode_GET_LENGTH(key), 1);
+            if (nul == -2) {
+                found = NULL;
+                break;
+            }
+            if (nul == -1) {
+                continue; /* not a window key */
+            }
+            if ((text = PyUnicode_Substring(key, nul + 1, PyUnicode_GET_LENGTH(key))) == NULL) {
+                found = NULL;
+                break;
+            }
+        }
+        else if (PyTuple_CheckExact(key) && PyTuple_GET_SIZE(key) == 2 &&
+                 PyUnicode_CheckExact(PyTuple_GET_ITEM(key, 1))) {
+            text = Py_NewRef(PyTuple_GET_ITEM(key, 1));
+        }
+        else {
+            continue;
+        }
+        PyObject *stem;
+        long long number;
+        int parsed = parse_counted(text, &stem, &number);
+        Py_DECREF(text);
+        if (parsed < 0) {
+            found = NULL;
+            break;
+        }
+        if (stem == NULL) {
+            continue;
+        }
+        PyObject *span = PyDict_GetItemWithError(args[1], stem); /* borrowed */
+        Py_DECREF(stem);
+        if (span == NULL) {
+            if (PyErr_Occurred()) {
+                found = NULL;
+                break;
+            }
+            continue;
+        }
+        if (!PyTuple_CheckExact(span) || PyTuple_GET_SIZE(span) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a span is a tuple (low, end)");
+            found = NULL;
+            break;
+        }
+        long long low = PyLong_AsLongLong(PyTuple_GET_ITEM(span, 0));
+        long long end = PyLong_AsLongLong(PyTuple_GET_ITEM(span, 1));
+        if (PyErr_Occurred()) {
+            found = NULL;
+            break;
+        }
+        if (low <= number && number < end) {
+            found = Py_True;
+            break;
+        }
+    }
+    Py_DECREF(seq);
+    return Py_XNewRef(found);
+}
+
 static PyMethodDef module_methods[] = {
+    {"spans_hold", (PyCFunction)(void (*)(void))spans_hold, METH_FASTCALL,
+     "spans_hold(keys, spans): True if a window key's counted key is numbered within its "
+     "stem's span (interceptors._shards)."},
     {"counted_run", (PyCFunction)counted_run, METH_O,
      "counted_run(messages): (stem, first, vchannels) if the messages are a run of counted "
      "keys (interceptors._shards), else None."},

@@ -29,7 +29,7 @@ import msgspec
 from walsvc.core._message import AppendResult
 
 from ._dedup_slots import Entry, Key, Slot, key_of
-from ._shards import counted, counted_key
+from ._shards import counted, counted_key, spans_hold
 
 __all__ = ("Run", "Runs")
 
@@ -78,31 +78,37 @@ class Runs:
     """The window's runs by stem, each stem's in the order of their numbers (which is
     the order they were claimed in); ``keys`` counts the keys they hold."""
 
-    __slots__ = ("by_stem", "keys")
+    __slots__ = ("by_stem", "keys", "spans")
 
     def __init__(self) -> None:
         self.by_stem: dict[str, list[Run]] = {}
         self.keys = 0
+        #: Per stem, the numbers its runs span: [the first run's first, the last's end).
+        self.spans: dict[str, tuple[int, int]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.by_stem)
 
     def end(self, stem: str) -> int:
         """The number after the last key of ``stem``'s runs (0 if it has none)."""
-        runs = self.by_stem.get(stem)
-        return runs[-1].end if runs else 0
+        span = self.spans.get(stem)
+        return 0 if span is None else span[1]
 
     def add(self, run: Run) -> None:
         """Hold ``run`` (numbered after every run of its stem)."""
-        self.by_stem.setdefault(run.stem, []).append(run)
+        runs = self.by_stem.setdefault(run.stem, [])
+        runs.append(run)
+        self.spans[run.stem] = (runs[0].first, run.end)
         self.keys += len(run.vchannels)
 
     def drop(self, run: Run) -> None:
         """Forget ``run`` and the keys it still holds; it is dead from here on."""
         runs = self.by_stem[run.stem]
         runs.remove(run)  # usually the first: runs leave oldest first
-        if not runs:
-            del self.by_stem[run.stem]
+        if runs:
+            self.spans[run.stem] = (runs[0].first, runs[-1].end)
+        else:
+            del self.by_stem[run.stem], self.spans[run.stem]
         self.keys -= len(run.vchannels) - run.start
         run.dead = True
 
@@ -132,14 +138,9 @@ class Runs:
         return None if slot is None else (runs[i], slot)
 
     def any_of(self, keys: Sequence[Key]) -> bool:
-        """True if a run holds one of ``keys``."""
-        by_stem = self.by_stem
-        for key in keys:
-            text = key.split("\0", 1)[1] if isinstance(key, str) else key[1]
-            at = max(text.rfind("."), text.rfind("#"))
-            if text[: at + 1] in by_stem and self._find(key) is not None:
-                return True
-        return False
+        """True if a run holds one of ``keys``. A C loop first (``spans_hold``): the keys
+        of a stem's runs span a range of numbers, and a new key is above it."""
+        return spans_hold(keys, self.spans) and any(self._find(key) is not None for key in keys)
 
 
 def _first(run: Run) -> int:

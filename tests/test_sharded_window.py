@@ -315,3 +315,32 @@ def test_a_counted_key_is_its_stem_and_number(text: str) -> None:
     parsed = _shards.counted_key(text)
     if parsed is not None:
         assert _shards.counted(*parsed) == text
+
+
+_window_key_texts = st.sampled_from(["~p.1f", "~p.20", "p#7", "p#07", "a.b#12", "x", "~q.3", ""])
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.sampled_from(["v", "v\0w", ""]), _window_key_texts).map(
+                lambda p: f"{p[0]}\0{p[1]}" if "\0" not in p[0] else p
+            ),
+            st.sampled_from(["no-nul", ("v", 3), 7]),
+        ),
+        max_size=5,
+    ),
+    st.dictionaries(
+        st.sampled_from(["~p.", "p#", "a.b#", "~q."]),
+        st.tuples(st.integers(0, 40), st.integers(0, 40)),
+        max_size=3,
+    ),
+)
+def test_the_compiled_spans_check_answers_as_its_python_twin(
+    keys: list[Any], spans: dict[str, tuple[int, int]]
+) -> None:
+    """``spans_hold`` (C) answers as its Python twin: True if a window key's counted key
+    is numbered within its stem's span; keys of another shape are not counted."""
+    from interceptors import _shards
+
+    assert _shards.spans_hold(keys, spans) == _shards._spans_hold(keys, spans)
