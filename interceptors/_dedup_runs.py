@@ -123,7 +123,10 @@ class Runs:
         return None if found is None else found[1]
 
     def _find(self, key: Key) -> tuple[Run, Slot] | None:
-        vchannel, text = key.split("\0", 1) if isinstance(key, str) else key
+        if isinstance(key, str):
+            vchannel, _, text = key.partition("\0")
+        else:
+            vchannel, text = key
         parsed = counted_key(text)
         if parsed is None:
             return None
