@@ -41,9 +41,10 @@ async def _settle(wal: walsvc.WAL, message: walsvc.Message, rng: random.Random) 
 async def test_keyed_retries_after_timeouts_and_cancellations_land_once(
     url: str, seed: random.Random
 ) -> None:
-    """The property: producers append keyed messages (one at a time and in batches)
-    under random deadlines and cancellations and retry each until answered; the log then
-    holds every key exactly once, at the id every answer for it named."""
+    """The property: producers append keyed messages (one at a time and in batches, and
+    batches of counted keys, which Dedup holds as runs) under random deadlines and
+    cancellations and retry each until answered; the log then holds every key exactly
+    once, at the id every answer for it named."""
     async with await walsvc.open_wal(url, "p0") as wal:
         answers: dict[str, set[AppendResult]] = {}
 
@@ -71,7 +72,29 @@ async def test_keyed_retries_after_timeouts_and_cancellations_land_once(
                 for key, result in zip(keys, results, strict=True):
                     answers.setdefault(key, set()).add(result)
 
-        await asyncio.gather(*(producer(p) for p in range(6)), batcher())
+        async def counter() -> None:  # one stem counted up: batches are Dedup's runs
+            rng = random.Random(seed.random())
+            n = 0
+            for _ in range(30):
+                size = rng.choice((1, 1, 2, 3, 5, 8))
+                keys = [f"~c.{i:x}" for i in range(n, n + size)]
+                n += size
+                if size == 1:  # a single between runs: a key of the table
+                    result = await _settle(wal, data(b"c", idempotency_key=keys[0]), rng)
+                    answers.setdefault(keys[0], set()).add(result)
+                    continue
+                batch = [data(b"c", idempotency_key=k) for k in keys]
+                while True:
+                    try:
+                        async with asyncio.timeout(rng.choice((0.0001, 0.001, None))):
+                            results = await wal.append_many(batch)
+                        break
+                    except TimeoutError:
+                        continue
+                for key, result in zip(keys, results, strict=True):
+                    answers.setdefault(key, set()).add(result)
+
+        await asyncio.gather(*(producer(p) for p in range(6)), batcher(), counter())
         log = await log_of(wal)
     stored = Counter(m.idempotency_key for m in log if m.idempotency_key)
     assert [k for k, n in stored.items() if n > 1] == []
