@@ -57,20 +57,24 @@ async def test_keyed_retries_after_timeouts_and_cancellations_land_once(
                 if rng.random() < 0.5:  # and now and then a retry nobody needed
                     answers[key].add(await wal.append(data(key.encode(), idempotency_key=key)))
 
+        async def settle_batch(batch: list[walsvc.Message], rng: random.Random) -> None:
+            """Append ``batch`` under random deadlines until one attempt answers."""
+            while True:
+                try:
+                    async with asyncio.timeout(rng.choice((0.0001, 0.001, None))):
+                        results = await wal.append_many(batch)
+                    break
+                except TimeoutError:
+                    continue
+            for message, result in zip(batch, results, strict=True):
+                assert message.idempotency_key is not None
+                answers.setdefault(message.idempotency_key, set()).add(result)
+
         async def batcher() -> None:
             rng = random.Random(seed.random())
             for b in range(20):
                 keys = [f"b{b}-{i}" for i in range(rng.randrange(1, 6))]
-                batch = [data(k.encode(), idempotency_key=k) for k in keys]
-                while True:
-                    try:
-                        async with asyncio.timeout(rng.choice((0.0001, 0.001, None))):
-                            results = await wal.append_many(batch)
-                        break
-                    except TimeoutError:
-                        continue
-                for key, result in zip(keys, results, strict=True):
-                    answers.setdefault(key, set()).add(result)
+                await settle_batch([data(k.encode(), idempotency_key=k) for k in keys], rng)
 
         async def counter() -> None:  # one stem counted up: batches are Dedup's runs
             rng = random.Random(seed.random())
@@ -83,16 +87,7 @@ async def test_keyed_retries_after_timeouts_and_cancellations_land_once(
                     result = await _settle(wal, data(b"c", idempotency_key=keys[0]), rng)
                     answers.setdefault(keys[0], set()).add(result)
                     continue
-                batch = [data(b"c", idempotency_key=k) for k in keys]
-                while True:
-                    try:
-                        async with asyncio.timeout(rng.choice((0.0001, 0.001, None))):
-                            results = await wal.append_many(batch)
-                        break
-                    except TimeoutError:
-                        continue
-                for key, result in zip(keys, results, strict=True):
-                    answers.setdefault(key, set()).add(result)
+                await settle_batch([data(b"c", idempotency_key=k) for k in keys], rng)
 
         await asyncio.gather(*(producer(p) for p in range(6)), batcher(), counter())
         log = await log_of(wal)
