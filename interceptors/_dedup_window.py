@@ -19,6 +19,7 @@ collector does not read.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import final
 
 from walsvc.core._ids import MessageId
@@ -141,22 +142,16 @@ class Window:
         self.evict()
 
     def release_run(self, run: Run) -> None:
-        """Forget ``run``'s keys (its append wrote nothing)."""
-        if not run.dead:
-            self.runs.drop(run)  # its entry in order is skipped from here on
+        """Forget the keys of ``run``, in flight (its append wrote nothing)."""
+        self.runs.drop(run)  # its entry in order is skipped from here on
 
     def split_run(self, run: Run) -> list[Key]:
-        """Move ``run``'s keys into the table, under its entry (in flight) or with their
-        results, and return them: for the look-ups of the table (an ambiguous outcome
-        is resolved key by key)."""
+        """Move the keys of ``run``, in flight, into the table under its entry, and
+        return them: for the look-ups of the table (an ambiguous outcome is resolved key
+        by key)."""
         keys = run.keys()
         self.runs.drop(run)
-        slots = self.slots
-        results = run.results
-        if results is None:
-            slots.update(zip(keys, [run.entry] * len(keys), strict=True))
-        else:
-            slots.update(zip(keys, results[run.start :], strict=True))
+        self.slots.update(zip(keys, repeat(run.entry)))
         self.order.extend(keys)
         return keys
 
