@@ -18,12 +18,13 @@ Per (vchannel, key), within a window bounded by count and age:
   transaction whose commit landed appends nothing; a commit whose key committed meanwhile
   (two transactions with one key, open at once) becomes a rollback of its own
   transaction and is answered with the first commit's result;
-- on open the window is rebuilt from the log in the background: the messages younger than
-  ``max_age``, read from where the backend says they begin (``Backend.start_at_timetick``),
-  never the whole retained log. Keyed appends wait for the rebuild; plain appends never
-  do. If it fails for good (damage in the window) keyed appends raise its error, since
-  exactly-once cannot be promised over a log that cannot be read; a retriable failure is
-  retried by the next keyed append.
+- on open the window is rebuilt from the log in the background: the newest ``max_keys``
+  keys younger than ``max_age``, read back from the newest tick in stretches that each
+  start where the backend says their tick begins (``Backend.start_at_timetick``): about
+  as much log as those keys span, never the whole retained log. Keyed appends wait for
+  the rebuild; plain appends never do. If it fails for good (damage in the window) keyed
+  appends raise its error, since exactly-once cannot be promised over a log that cannot
+  be read; a retriable failure is retried by the next keyed append.
 Concurrent keyed appends are taken together (``do_append_coalesced``: the WAL gathers
 them, see ``walsvc.CoalescingInterceptor``): their new keys are claimed at once and
 appended as one batch, whose owner is the WAL's task for it, and each key is settled from
@@ -43,7 +44,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Awaitable, Sequence
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any, Final, TypeVar, cast, final
 
 from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
@@ -60,7 +61,7 @@ from ._dedup_lookup import KeyLookup, kind_mismatch
 from ._dedup_runs import Run
 from ._dedup_slots import Entry, Key, in_flight, key_of
 from ._dedup_window import Window
-from ._key_search import messages_since
+from ._newest_keys import newest_settled
 from ._shards import window_keys
 
 __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
@@ -69,6 +70,9 @@ __all__ = ("DEFAULT_MAX_AGE", "DEFAULT_MAX_KEYS", "Dedup")
 DEFAULT_MAX_KEYS: Final = 100_000
 #: Seconds a settled key is remembered (by timetick, so across restarts too).
 DEFAULT_MAX_AGE: Final = 600.0
+#: Keys the rebuild on open puts into the window per turn of the event loop (about
+#: 1 us each).
+_NOTE_STEP: Final = 512
 
 _T = TypeVar("_T")
 
@@ -76,8 +80,8 @@ _T = TypeVar("_T")
 @final
 class Dedup:
     """The dedup interceptor (see the module docs). ``max_keys`` bounds memory;
-    ``max_age`` (seconds, measured in timeticks) bounds how long a key is remembered and
-    how much log the rebuild on open reads."""
+    ``max_age`` (seconds, measured in timeticks) bounds how long a key is remembered;
+    both bound how much log the rebuild on open reads."""
 
     #: Messages without a key pass straight through (see ``walsvc.core._chain``).
     passes_plain_messages: Final = True
@@ -163,14 +167,17 @@ class Dedup:
         latest = await context.latest_message_id()
         if latest is None:
             return
-        floor = max(0, await context.last_durable_timetick() - self._keys.age_ticks)
-        self._keys.forgotten_below = max(self._keys.forgotten_below, floor)  # not read
-        # Each message is noted as the scanner delivers it, so the rebuild works a step
-        # of the read at a time (the read yields to the loop between steps, see
-        # walsvc.core._budget) and never holds the whole window's messages.
-        async for message in messages_since(context, floor, latest):
-            self.rebuilt += self._keys.note_settled(message)
-        self._keys.evict()
+        window = self._keys
+        floor = max(0, await context.last_durable_timetick() - window.age_ticks)
+        # The newest keys the window holds, not every key younger than max_age: a busy
+        # log is read back about as far as its newest max_keys keys go (_newest_keys).
+        complete_from, settled = await newest_settled(context, floor, latest, window.max_keys)
+        window.forgotten_below = max(window.forgotten_below, complete_from)  # not read
+        while step := list(islice(settled, _NOTE_STEP)):
+            for item in step:
+                self.rebuilt += window.note_settled(item.key, item.result, item.txn)
+            await asyncio.sleep(0)  # a step at a time: the loop is not held
+        window.evict()
 
     # -- appends ------------------------------------------------------------------------
 

@@ -23,10 +23,10 @@ from itertools import repeat
 from typing import final
 
 from walsvc.core._ids import MessageId
-from walsvc.core._message import AppendResult, ImmutableMessage, Message
+from walsvc.core._message import AppendResult, Message
 
 from ._dedup_runs import Run, Runs
-from ._dedup_slots import Entry, Key, Slot, key_of, result_of, settled_key
+from ._dedup_slots import Entry, Key, Slot, key_of
 from ._shards import (
     KeyQueue,
     Queue,
@@ -94,22 +94,19 @@ class Window:
             return self.runs.slot(key)
         return slot
 
-    def note_settled(self, message: ImmutableMessage) -> bool:
-        """Put a keyed message read from the log into the window (the rebuild on open);
-        True if it added a key."""
-        key = settled_key(message)
-        slots = self.slots
-        if key is None or self.get(key) is not None:
+    def note_settled(self, key: Key, result: AppendResult, txn: bool) -> bool:
+        """Put a key read from the log into the window (the rebuild on open): ``key``
+        settled with ``result``, by a transaction's CommitTxn if ``txn``. True if it
+        added the key (a key the window holds keeps its first result)."""
+        if self.get(key) is not None:
             return False
-        result = result_of(message)
-        if message.txn is None:
-            slots[key] = result  # keyed appends wait for this: the window was empty
-        else:
+        slots = self.slots
+        if txn:
             entry = slots[key] = Entry(None, True)
             entry.result = result
+        else:
+            slots[key] = result  # keyed appends wait for this: the window was empty
         self.order.append(key)
-        if len(self) > self.max_keys:
-            self.evict()  # one key at a time, not the excess of a whole window at the end
         return True
 
     # -- runs -----------------------------------------------------------------------------

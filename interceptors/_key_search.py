@@ -2,14 +2,16 @@
 tell (the rebuild on open, an ambiguous append's resolution, a Recall of keys the window
 dropped). Each reads a bounded stretch, at most up to the newest message
 (``read_through``), and ends as soon as it can tell: every key found, or, for a Recall,
-the window's horizon reached. None keeps anything of the window's: callers put what is
-found into it.
+the window's horizon reached (the rebuild's reads, which end once they hold as many keys
+as the window, are ``_newest_keys``'s). None keeps anything of the window's: callers
+put what is found into it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
+from typing import TypeVar
 
 from walsvc.core._chain import InterceptorContext
 from walsvc.core._deliver import DeliverPolicy
@@ -18,27 +20,50 @@ from walsvc.core._ids import MessageId
 from walsvc.core._message import AppendResult, ImmutableMessage
 
 from ._dedup_slots import Key, result_of, settled_key
-from ._reading import read_through
+from ._reading import read_batches_through, read_through
 
-__all__ = ("find_keys", "find_keys_since", "messages_since")
+__all__ = ("batches_since", "find_keys", "find_keys_since")
 
 
-async def messages_since(
+def batches_since(
+    context: InterceptorContext, tick: int, latest: MessageId, start: DeliverPolicy | None = None
+) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
+    """The persisted messages with a tick >= ``tick`` through ``latest``, in batches,
+    read from where the backend says that tick begins (``start_at_timetick``, unless the
+    caller asked it: ``start``). If that start is truncated meanwhile, what is retained
+    is read instead, from its start: a message may then come twice."""
+    return _since(read_batches_through, context, tick, latest, start)
+
+
+def messages_since(
     context: InterceptorContext, tick: int, latest: MessageId
 ) -> AsyncGenerator[ImmutableMessage, None]:
-    """The persisted messages with a tick >= ``tick`` through ``latest``, read from where
-    the backend says that tick begins (``start_at_timetick``). If that start is truncated
-    meanwhile, what is retained is read instead, from its start: a message may then come
-    twice."""
-    start = await context.start_at_timetick(tick)
+    """``batches_since``'s messages one at a time, for reads that stop as soon as they
+    can tell (a Recall's)."""
+    return _since(read_through, context, tick, latest, None)
+
+
+_Item = TypeVar("_Item")
+_Reader = Callable[[InterceptorContext, DeliverPolicy, MessageId, int], AsyncGenerator[_Item, None]]
+
+
+async def _since(
+    reader: _Reader[_Item],
+    context: InterceptorContext,
+    tick: int,
+    latest: MessageId,
+    start: DeliverPolicy | None,
+) -> AsyncGenerator[_Item, None]:
+    if start is None:
+        start = await context.start_at_timetick(tick)
     try:
-        async with aclosing(read_through(context, start, latest, tick)) as messages:
-            async for message in messages:
-                yield message
+        async with aclosing(reader(context, start, latest, tick)) as items:
+            async for item in items:
+                yield item
     except WALTruncated:
-        async with aclosing(read_through(context, DeliverPolicy.all(), latest, tick)) as again:
-            async for message in again:
-                yield message
+        async with aclosing(reader(context, DeliverPolicy.all(), latest, tick)) as again:
+            async for item in again:
+                yield item
 
 
 async def find_keys(

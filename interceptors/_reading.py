@@ -4,7 +4,7 @@ ambiguous append): a bounded stretch of the log, up to a known newest message.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Final
 
 from walsvc.core._chain import AsyncScanner, InterceptorContext
@@ -14,7 +14,7 @@ from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage
 
-__all__ = ("read_through",)
+__all__ = ("read_batches_through", "read_through")
 
 #: How often a read of what is retained, still waiting for its first message, checks
 #: whether a truncation took the message it reads through.
@@ -32,15 +32,11 @@ async def read_through(
     message: a read of what is retained would otherwise wait for the next append. A
     read from an id, or one that a truncation overtakes later, raises ``WALTruncated``
     (the backends' scanners do when their next message is gone)."""
-    if start.kind == "all" and not await _retained(context, last):
+    opened = await _open(context, start, last, min_timetick)
+    if opened is None:
         return
-    scanner = context.read(start, [Filter(min_timetick=min_timetick)])
+    scanner, first = opened
     try:
-        first = await (
-            _first_retained(context, scanner, last) if start.kind == "all" else anext(scanner)
-        )
-        if first is None:
-            return
         if first.persisted:
             yield first
         if not first.message_id < last:
@@ -52,6 +48,73 @@ async def read_through(
                 return
     finally:
         await scanner.aclose()
+
+
+async def read_batches_through(
+    context: InterceptorContext, start: DeliverPolicy, last: MessageId, min_timetick: int = 0
+) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
+    """``read_through``'s messages in non-empty batches, as the scanner reads them: for
+    reads that take every message (the rebuild on open), a step of the generators a
+    batch instead of a message."""
+    opened = await _open(context, start, last, min_timetick)
+    if opened is None:
+        return
+    scanner, first = opened
+    try:
+        if first.persisted:
+            yield (first,)
+        if not first.message_id < last:
+            return
+        async for batch in scanner.batches():
+            through, more = _through(batch, last)
+            if through:
+                yield through
+            if not more:
+                return
+    finally:
+        await scanner.aclose()
+
+
+async def _open(
+    context: InterceptorContext, start: DeliverPolicy, last: MessageId, min_timetick: int
+) -> tuple[AsyncScanner, ImmutableMessage] | None:
+    """A scanner of the read ``read_through`` describes, with its first message; None if
+    there is nothing to read."""
+    if start.kind == "all" and not await _retained(context, last):
+        return None
+    first_id = start.message_id
+    if start.kind == "start_from" and first_id is not None and last < first_id:
+        # Nothing through last (a search for a tick in a log truncated through its
+        # newest message lands after it): a read would wait for the next append.
+        return None
+    scanner = context.read(start, [Filter(min_timetick=min_timetick)])
+    try:
+        first = await (
+            _first_retained(context, scanner, last) if start.kind == "all" else anext(scanner)
+        )
+    except BaseException:
+        await scanner.aclose()
+        raise
+    if first is None:
+        await scanner.aclose()
+        return None
+    return scanner, first
+
+
+def _through(
+    batch: Sequence[ImmutableMessage], last: MessageId
+) -> tuple[Sequence[ImmutableMessage], bool]:
+    """The persisted messages of ``batch`` through ``last``, and whether the read goes
+    on after them (none of them is ``last`` or later)."""
+    more = batch[-1].message_id < last
+    if not more:
+        for index, message in enumerate(batch):
+            if not message.message_id < last:
+                batch = batch[: index + 1]
+                break
+    if all(message.persisted for message in batch):
+        return batch, more
+    return [message for message in batch if message.persisted], more
 
 
 async def _first_retained(

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _chain_support import FakeClock
 
 import walsvc
 from interceptors import Dedup, ExclusiveLock, Transactions, _reading
@@ -51,6 +52,33 @@ async def test_a_keyed_append_after_reopening_a_truncated_log_lands(
             again = await wal.append(Message(payload=b"c", vchannel="v", idempotency_key="k2"))
             assert again.message_id > newest.message_id  # its first copy was truncated
             assert await wal.recall_keys([("v", "k1"), ("v", "k2")], 0) == [None, again]
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+async def test_a_rebuild_whose_stretch_starts_after_a_truncated_log_ends_reads_nothing(
+    scheme: str, tmp_path: Path
+) -> None:
+    """The rebuild's first stretch (its newest 10 ms) begins after k1's tick: on a log
+    truncated through its newest message, the search for that tick lands past the end
+    (file://: at the first retained number, which no record holds yet). The read from
+    there holds nothing through the newest message; it must not wait for the next
+    append, which waits for the rebuild."""
+    url = _url(scheme, tmp_path)
+    clock = FakeClock()
+    ticks = walsvc.HybridClock(now_ms=clock)
+    async with await walsvc.open_wal(
+        url, "p", interceptors=_chain_without_ticks(), timetick_allocator=ticks
+    ) as wal:
+        await wal.append(Message(payload=b"a", vchannel="v", idempotency_key="k1"))
+        clock.ms += 50
+        newest = await wal.append(Message(payload=b"b", vchannel="v", idempotency_key="k2"))
+        await wal.truncate(newest.message_id)
+    async with asyncio.timeout(10):
+        async with await walsvc.open_wal(
+            url, "p", interceptors=_chain_without_ticks(), timetick_allocator=ticks
+        ) as wal:
+            again = await wal.append(Message(payload=b"c", vchannel="v", idempotency_key="k2"))
+    assert again.message_id > newest.message_id
 
 
 async def test_recall_on_a_log_truncated_through_its_newest_message_is_told_at_once() -> None:

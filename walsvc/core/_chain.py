@@ -11,7 +11,7 @@ append after ``call_next`` returned successfully, because the message is then in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 from . import _compiled
@@ -320,6 +320,8 @@ class AsyncScanner(Protocol):
     def __aiter__(self) -> AsyncScanner: ...
 
     async def __anext__(self) -> ImmutableMessage: ...
+
+    def batches(self) -> AsyncGenerator[Sequence[ImmutableMessage], None]: ...
 
     async def aclose(self) -> None: ...
 

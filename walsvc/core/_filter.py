@@ -102,6 +102,11 @@ class Filter:
         """True if this filter admits every message."""
         return self.vchannels is None and self.types is None and self.min_timetick <= 0
 
+    @property
+    def is_floor_only(self) -> bool:
+        """True if only ``min_timetick`` restricts this filter (a read from a tick on)."""
+        return self.vchannels is None and self.types is None and self.min_timetick > 0
+
     def __and__(self, other: Filter) -> Filter:
         if self.is_everything:
             return other
