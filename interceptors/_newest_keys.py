@@ -6,13 +6,15 @@ minutes (a node's log is all keyed appends: its producers'). So the log is read 
 from its newest tick in stretches, each read forward, until they hold enough keys or
 reach the floor of ``max_age``:
 
-- a stretch reaches back in ticks twice as far as the one before (the newest
-  ``FIRST_STRETCH``, then two more, then four: a quiet log is crossed in a few reads);
-- and, where ids count messages (``SequenceMessageId``: memory, file, Kafka), holds at
-  most about as many messages as keys are still wanted (``_budget``): a stretch that
-  would hold more starts later, found by a binary search on ticks
-  (``Backend.start_at_timetick``, which reads no record). A burst of a million
-  messages behind a quiet minute is read from its end, not whole.
+- where ids count messages (``SequenceMessageId``: memory, file, Kafka), a stretch
+  holds about as many messages as keys are still wanted (``_budget``): all the rest of
+  the window if that is few enough (a small log is read in one go, as a read from the
+  floor), else from the tick where the log to its end holds that many, found by a
+  binary search on ticks (``Backend.start_at_timetick``, which reads no record). A
+  burst of a million messages behind a quiet minute is read from its end, not whole;
+- elsewhere (Pulsar) a stretch reaches back in ticks twice as far as the one before
+  (the newest ``FIRST_STRETCH``, then two more, then four: a quiet log is crossed in a
+  few reads).
 
 Only keys are kept, never messages, and at most as many as wanted.
 """
@@ -38,8 +40,12 @@ from ._key_search import batches_since
 
 __all__ = ("FIRST_STRETCH", "Settled", "newest_settled")
 
-#: How far back from the newest tick the first stretch reaches (10 ms of ticks).
+#: How far back from the newest tick the first stretch reaches (10 ms of ticks), where
+#: stretches go by ticks.
 FIRST_STRETCH: Final = span_of_ms(10)
+#: How close to each other in ticks the search for a stretch's start may leave its
+#: bounds (a millisecond).
+_PRECISION: Final = span_of_ms(1)
 #: Messages a stretch may hold beyond the keys still wanted: the search for a tick on
 #: ``file://`` lands up to 256 KiB early (``_seek.NEAR``), which holds at most 7,085
 #: envelopes (37 bytes is the least one takes).
@@ -68,19 +74,23 @@ async def newest_settled(
     floor_start = await context.start_at_timetick(floor)
     stretches: list[deque[Settled]] = []
     found = 0
-    complete_from = low = max(floor, top - FIRST_STRETCH + 1)
     high: int | None = None  # the newest stretch: through latest
     high_at = _next_position(latest)  # where the stretch before ends, if ids count
     span = FIRST_STRETCH
     while True:
-        start = floor_start if low <= floor else await context.start_at_timetick(low)
-        if _reaches(start, floor_start):  # the stretch's read covers the floor's: take it
-            start, low = floor_start, floor
         budget = _budget(enough - found)
-        if _held(start, high_at) > budget:
-            low, start = await _later_start(
-                context, low, top + 1 if high is None else high, high_at, budget
-            )
+        end_tick = top + 1 if high is None else high
+        if high_at is not None:  # ids count messages: the stretch is found by count
+            if _held(floor_start, high_at) <= budget:  # the rest of the window fits
+                low, start = floor, floor_start
+            else:
+                low, start = await _later_start(context, floor, end_tick, high_at, budget)
+        else:  # by ticks, each stretch reaching twice as far back as the one before
+            low = max(floor, end_tick - span)
+            span *= 2
+            start = floor_start if low <= floor else await context.start_at_timetick(low)
+            if _reaches(start, floor_start):  # its read covers the floor's: take that
+                low, start = floor, floor_start
         keys: deque[Settled] = deque(maxlen=enough - found)
         dropped_below = await _settled_between(context, start, low, high, latest, keys)
         stretches.append(keys)
@@ -88,8 +98,9 @@ async def newest_settled(
         complete_from = max(low, dropped_below)
         if found >= enough or low <= floor:
             break
-        span *= 2
-        high, high_at, low = low, _position(start), max(floor, low - span)
+        high = low
+        if high_at is not None:
+            high_at = _position(start)
     return complete_from, chain.from_iterable(reversed(stretches))
 
 
@@ -112,23 +123,24 @@ def _next_position(latest: MessageId) -> int | None:
     return latest.seq + 1 if isinstance(latest, SequenceMessageId) else None
 
 
-def _held(start: DeliverPolicy, end: int | None) -> int:
-    """About how many messages a read from ``start`` to sequence number ``end`` holds (0
-    where ids do not count messages: no stretch is cut short there)."""
+def _held(start: DeliverPolicy, end: int) -> int:
+    """About how many messages a read from ``start`` to sequence number ``end`` holds
+    (``end``: where ids count messages, as the caller knows)."""
     first = _position(start)
-    return 0 if first is None or end is None else end - first
+    return end if first is None else end - first
 
 
 async def _later_start(
-    context: InterceptorContext, low: int, high: int, end: int | None, budget: int
+    context: InterceptorContext, low: int, high: int, end: int, budget: int
 ) -> tuple[int, DeliverPolicy]:
-    """The lowest tick in (``low``, ``high``) from which the log to sequence number
-    ``end`` holds at most ``budget`` messages (or, found on the way, at least half of
-    that), with where a read of it starts: a binary search on ticks, reading no record.
-    If none does, ``low`` itself and its start: the whole stretch is read."""
+    """The lowest tick in (``low``, ``high``), to a millisecond, from which the log to
+    sequence number ``end`` holds at most ``budget`` messages (or, found on the way, at
+    least half of that), with where a read of it starts: a binary search on ticks,
+    reading no record (about 20 searches for a tick over ``max_age``'s ten minutes). If
+    none does, ``low`` itself and its start: the whole stretch is read."""
     found: tuple[int, DeliverPolicy] | None = None
     below, above = low, high
-    while above - below > 1:
+    while above - below > _PRECISION:
         middle = (below + above) // 2
         at_middle = await context.start_at_timetick(middle)
         held = _held(at_middle, end)

@@ -77,7 +77,9 @@ def _check_window(dedup: Dedup, log: list[ImmutableMessage], max_keys: int) -> N
 async def test_a_busy_log_is_read_back_only_as_far_as_the_window_goes(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """1,000 keys over 400 ms, a window of 100: the first stretch (10 ms) holds them."""
+    """1,000 keys over 400 ms, a window of 100, stretches by ticks (as where ids do not
+    count messages: Pulsar): the first two stretches (30 ms) hold them."""
+    monkeypatch.setattr(_newest_keys, "_next_position", lambda latest: None)
     clock = FakeClock()
     await _write(url, clock, [(1, 10, 5)] * 100 + [(3, 10, 5)] * 100)
     reads = _Reads(monkeypatch)
@@ -95,8 +97,10 @@ async def test_a_busy_log_is_read_back_only_as_far_as_the_window_goes(
 async def test_a_quiet_stretch_before_the_newest_keys_is_crossed_in_longer_strides(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """10 s of keys, then 1 s of a few plain messages: the stretches reach back 10, 30,
-    70 ... 1270 ms (a few keys), then 2550 ms (enough); the older keys are not read."""
+    """10 s of keys, then 1 s of a few plain messages, stretches by ticks (as where ids
+    do not count messages): they reach back 10, 30, 70 ... 1270 ms (a few keys), then
+    2550 ms (enough); the older keys are not read."""
+    monkeypatch.setattr(_newest_keys, "_next_position", lambda latest: None)
     clock = FakeClock()
     await _write(url, clock, [(100, 20, 0)] * 100 + [(500, 0, 1)] * 2)
     reads = _Reads(monkeypatch)
@@ -107,21 +111,26 @@ async def test_a_quiet_stretch_before_the_newest_keys_is_crossed_in_longer_strid
     assert reads.messages < 600, reads.messages  # of 2,000 keys
 
 
+@pytest.mark.parametrize("by_ticks", [False, True])
 async def test_a_log_with_fewer_keys_than_the_window_is_read_whole(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    url: str, by_ticks: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stretches end at the first that starts where the log (or max_age) does: a
-    700 ms log is read in 7 stretches at most (1 on file://, whose search for a tick
-    finds a log this small's first record), not in one per doubling up to max_age."""
+    """A log that holds fewer messages than keys are wanted is read in one go, from the
+    floor, where ids count messages; where they do not, the stretches end at the first
+    that starts where the log (or max_age) does: a 700 ms log is read in 7 at most (1 on
+    file://, whose search for a tick finds a log this small's first record), not in one
+    per doubling up to max_age."""
     clock = FakeClock()
     await _write(url, clock, [(7, 3, 2)] * 100)
     reads = _Reads(monkeypatch)
+    if by_ticks:
+        monkeypatch.setattr(_newest_keys, "_next_position", lambda latest: None)
     async with await open_manual(url, clock, interceptors=_chain(1000)) as wal:
         dedup = member(wal, Dedup)
         _check_window(dedup, await log_of(wal), 1000)
         assert dedup.rebuilt == 300
         assert dedup._keys.forgotten_below <= (await log_of(wal))[0].timetick
-    assert reads.calls <= 7, reads.calls
+    assert reads.calls <= (7 if by_ticks else 1), reads.calls
 
 
 async def test_a_burst_behind_a_quiet_second_is_read_from_its_end(
@@ -139,16 +148,20 @@ async def test_a_burst_behind_a_quiet_second_is_read_from_its_end(
     assert reads.messages < 10_000, reads.messages
 
 
-@pytest.mark.parametrize("slack", [_newest_keys._SLACK, 0])
+@pytest.mark.parametrize("slack", [_newest_keys._SLACK, 0, None])
 @pytest.mark.parametrize("seed", range(6))
 async def test_random_logs_rebuild_the_window_a_whole_read_would(
-    url: str, seed: int, slack: int, monkeypatch: pytest.MonkeyPatch
+    url: str, seed: int, slack: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Random gaps (0 ms to 3 s), batch sizes and windows: the window holds the newest
     keys, with their results, and nothing at or above its horizon is missing. Without
     slack, stretches are cut short often (and on file://, whose search for a tick lands
-    up to 256 KiB early, some cannot be: they are read whole)."""
-    monkeypatch.setattr(_newest_keys, "_SLACK", slack)
+    up to 256 KiB early, some cannot be: they are read whole). None: stretches by
+    ticks, as where ids do not count messages."""
+    if slack is None:
+        monkeypatch.setattr(_newest_keys, "_next_position", lambda latest: None)
+    else:
+        monkeypatch.setattr(_newest_keys, "_SLACK", slack)
     rng = random.Random(seed)
     clock = FakeClock()
     steps = [
