@@ -137,7 +137,9 @@ async def _later_start(
     sequence number ``end`` holds at most ``budget`` messages (or, found on the way, at
     least half of that), with where a read of it starts: a binary search on ticks,
     reading no record (about 20 searches for a tick over ``max_age``'s ten minutes). If
-    none does, ``low`` itself and its start: the whole stretch is read."""
+    none does (a millisecond, or the file search's 256 KiB, holds more), the highest tick
+    found to hold more, and its start: the stretch holds one such step more than the
+    budget, not all of itself."""
     found: tuple[int, DeliverPolicy] | None = None
     below, above = low, high
     while above - below > _PRECISION:
@@ -150,7 +152,7 @@ async def _later_start(
             above, found = middle, (middle, at_middle)
             if held >= budget // 2:
                 break
-    return found if found is not None else (low, await context.start_at_timetick(low))
+    return found if found is not None else (below, await context.start_at_timetick(below))
 
 
 def _reaches(start: DeliverPolicy, floor_start: DeliverPolicy) -> bool:
