@@ -24,7 +24,9 @@ Per (vchannel, key), within a window bounded by count and age:
   as much log as those keys span, never the whole retained log. Keyed appends wait for
   the rebuild; plain appends never do. If it fails for good (damage in the window) keyed
   appends raise its error, since exactly-once cannot be promised over a log that cannot
-  be read; a retriable failure is retried by the next keyed append.
+  be read; a retriable failure is retried by the next keyed append. A WAL that closes
+  stops the rebuild first (``begin_close``): keyed appends waiting for it raise
+  ``WALClosed``, and the close never waits on a read that does not return.
 Concurrent keyed appends are taken together (``do_append_coalesced``: the WAL gathers
 them, see ``walsvc.CoalescingInterceptor``): their new keys are claimed at once and
 appended as one batch, whose owner is the WAL's task for it, and each key is settled from
@@ -52,6 +54,7 @@ from walsvc.core._errors import (
     AppendOutcomeUnknown,
     InvalidMessage,
     MessageTooLarge,
+    WALClosed,
     WALError,
 )
 from walsvc.core._message import AppendResult, Message, MessageType
@@ -142,13 +145,18 @@ class Dedup:
             raise RuntimeError("Dedup is not bound to a WAL yet")
         if rebuild.done() and not rebuild.cancelled():
             error = rebuild.exception()
-            if isinstance(error, WALError) and error.retriable and self._context is not None:
+            if (
+                isinstance(error, WALError)
+                and error.retriable
+                and self._context is not None
+                and not self._context.closed
+            ):
                 rebuild = self._rebuild = asyncio.ensure_future(self._rebuild_window(self._context))
                 rebuild.add_done_callback(_collect)
         if not rebuild.done():
             await asyncio.wait((rebuild,))
-        if rebuild.cancelled():
-            raise AppendOutcomeUnknown("the dedup window was not rebuilt: the WAL is closing")
+        if rebuild.cancelled():  # by begin_close: nothing waiting for it reached the log
+            raise WALClosed("the WAL closed before its dedup window was rebuilt")
         error = rebuild.exception()
         if error is not None:
             raise _copy(error, "; the dedup window could not be rebuilt from the log") from error
@@ -569,12 +577,17 @@ class Dedup:
         assert self._context is not None, "appends wait for ready()"
         return self._context
 
+    def begin_close(self) -> None:
+        """Stop the rebuild: the appends waiting for it raise ``WALClosed`` (a rebuild
+        stuck in a read would otherwise hold the WAL's close)."""
+        if self._rebuild is not None and not self._rebuild.done():
+            self._rebuild.cancel()
+
     async def aclose(self) -> None:
         """Stop the rebuild and wait for the owners still appending (their callers may
         have gone; their outcome settles nothing any more, but they must finish before
         the backend closes)."""
-        if self._rebuild is not None and not self._rebuild.done():
-            self._rebuild.cancel()
+        self.begin_close()
         if self._owners:
             await asyncio.wait(list(self._owners))
 

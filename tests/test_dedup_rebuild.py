@@ -6,7 +6,9 @@ allows. Logs are written on a fake clock, so that the stretches fall where the t
 
 from __future__ import annotations
 
+import asyncio
 import random
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
@@ -172,3 +174,36 @@ async def test_random_logs_rebuild_the_window_a_whole_read_would(
     max_keys = rng.choice([1, 7, 50, 400, 5000])
     async with await open_manual(url, clock, interceptors=_chain(max_keys)) as wal:
         _check_window(member(wal, Dedup), await log_of(wal), max_keys)
+
+
+async def test_closing_does_not_wait_for_a_rebuild_stuck_in_a_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A WAL closes at once while its window's rebuild is stuck in a read (a broker that
+    stopped answering): the keyed append waiting for the rebuild fails with
+    ``WALClosed`` (it never reached the log) instead of holding ``aclose`` for good."""
+    url = f"memory://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(url, "p0") as wal:
+        await wal.append(data(b"before", idempotency_key="k0"))
+    reading = asyncio.Event()
+
+    async def stuck(*args: Any) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
+        reading.set()
+        await asyncio.Event().wait()  # never set
+        yield []
+
+    monkeypatch.setattr(_key_search, "read_batches_through", stuck)
+    wal = await walsvc.open_wal(url, "p0")
+    keyed = asyncio.ensure_future(wal.append(data(b"after", idempotency_key="k1")))
+    async with asyncio.timeout(10):
+        await reading.wait()
+    await asyncio.sleep(0.01)
+    assert not keyed.done()
+    async with asyncio.timeout(10):  # before: forever
+        await wal.aclose()
+        with pytest.raises(walsvc.WALClosed):
+            await keyed
+    monkeypatch.undo()
+    async with await walsvc.open_wal(url, "p0", read_only=True) as reader:
+        kept = [m.payload for m in await log_of(reader) if m.type is walsvc.MessageType.INSERT]
+    assert kept == [b"before"]

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         PassesPlainMessages,
         PlainAdmission,
         ReadyInterceptor,
+        StoppingInterceptor,
         TxnKeyWindow,
     )
     from walsvc.core._codec import EnvelopeHeader, peek
@@ -126,6 +127,7 @@ _EXPORTS: Final = (
             "PassesPlainMessages",
             "PlainAdmission",
             "ReadyInterceptor",
+            "StoppingInterceptor",
             "TxnKeyWindow",
         ),
     ),
@@ -277,6 +279,7 @@ __all__ = (
     "RoutingMismatch",
     "Scanner",
     "SequenceMessageId",
+    "StoppingInterceptor",
     "SubscriptionBusy",
     "SubscriptionMismatch",
     "TimetickAllocator",

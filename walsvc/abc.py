@@ -13,7 +13,7 @@ processes, ``_lock``/``_unlock``), which the public ``load``, ``save``, ``delete
 decodes records on the event loop takes its steps under ``turn()``, the per-loop read
 budget (``STEP`` units a step, ``DECODE_COST`` a decoded record). An interceptor
 implements ``Interceptor`` and any of the optional capabilities (``BatchInterceptor``,
-``ReadyInterceptor``, ``ClosingInterceptor``, ``PlainAdmission``,
+``ReadyInterceptor``, ``ClosingInterceptor``, ``StoppingInterceptor``, ``PlainAdmission``,
 ``CoalescingInterceptor``, ``PassesPlainMessages``, ``ManagesTransactions``) against the
 ``InterceptorContext`` its WAL gives it. ARCHITECTURE.md ("Extension points") says what
 each promises.
@@ -47,6 +47,7 @@ from walsvc.core._chain import (
     PassesPlainMessages,
     PlainAdmission,
     ReadyInterceptor,
+    StoppingInterceptor,
     TxnKeyWindow,
     is_plain,
 )
@@ -88,6 +89,7 @@ __all__ = (
     "ReadyInterceptor",
     "RunScanner",
     "SequenceMessageId",
+    "StoppingInterceptor",
     "StoredSubscription",
     "SubscriptionScope",
     "SubscriptionStore",

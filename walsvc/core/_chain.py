@@ -38,6 +38,7 @@ __all__ = (
     "PassesPlainMessages",
     "PlainAdmission",
     "ReadyInterceptor",
+    "StoppingInterceptor",
     "TickListener",
     "TxnKeyWindow",
     "build_batch_chain",
@@ -185,6 +186,18 @@ class ClosingInterceptor(Protocol):
 
     async def aclose(self) -> None:
         """Stop background work and release resources. Called once."""
+        ...
+
+
+@runtime_checkable
+class StoppingInterceptor(Protocol):
+    """Optional: told the moment the WAL begins to close, before it lets the appends it
+    queued finish. Background work that appends wait for (a recovery reading the log)
+    must stop here, and the appends waiting for it fail with ``WALClosed``: a read that
+    never returns would otherwise hold the close for good."""
+
+    def begin_close(self) -> None:
+        """Stop the background work appends wait for. Called once, before ``aclose``."""
         ...
 
 

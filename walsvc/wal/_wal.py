@@ -32,6 +32,7 @@ from walsvc.core._chain import (
     KeyRecall,
     PlainAdmission,
     ReadyInterceptor,
+    StoppingInterceptor,
     TickListener,
     TxnKeyWindow,
     build_batch_chain,
@@ -628,6 +629,9 @@ class LocalWAL(WAL):
         self._backend.begin_close()
         if self._startup is not None:
             await self._startup.cancel()
+        for member in self._members:  # what queued appends wait for stops first
+            if isinstance(member, StoppingInterceptor):
+                member.begin_close()
         if self._coalescer is not None:
             await self._coalescer.drain()
         if self._keyed_coalescer is not None:
