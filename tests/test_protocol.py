@@ -168,3 +168,63 @@ def test_the_byte_forms_of_recall() -> None:
     assert encode(recalled) == bytes.fromhex("93 20 01 92 93 a8 6d 65 6d 6f 72 79 3a 33 09 c0 c0")
     assert msgspec.msgpack.decode(encode(recall), type=p.ClientMessage) == recall
     assert msgspec.msgpack.decode(encode(recalled), type=p.NodeMessage) == recalled
+
+
+async def test_a_writer_holds_what_its_peer_has_not_taken_and_sends_it_in_order_later() -> None:
+    """Frames the transport had to buffer (a peer not reading yet) count as queued until
+    the transport drained; what is sent meanwhile follows them, in order."""
+    reading = asyncio.Event()
+    items: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reading.wait()
+        try:
+            while True:
+                body = await read_frame(reader)
+                count, offset = _array_length(body)
+                items.extend(
+                    body[offset + i * _ITEM : offset + (i + 1) * _ITEM] for i in range(count)
+                )
+        except asyncio.IncompleteReadError:
+            done.set()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    _, client = await asyncio.open_connection("127.0.0.1", port)
+    writer = FrameWriter(client, high_water=8 * _ITEM)
+    sent = [bytes([i]) * _ITEM for i in range(48)]
+    for item in sent[:40]:  # a frame a loop turn: far more than the kernel's buffers hold
+        writer.send(item)
+        await asyncio.sleep(0)
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+    assert writer.queued_bytes > 8 * _ITEM  # in the transport, not taken
+    assert not writer.writable
+    for item in sent[40:]:
+        writer.send(item)
+    reading.set()
+    async with asyncio.timeout(10):
+        await writer.wait_writable()  # half the high water or less: it drains
+        await writer.aclose()
+        assert writer.queued_bytes == 0
+        await done.wait()
+    server.close()
+    await server.wait_closed()
+    assert items == sent
+
+
+#: The bytes of one item in the writer's queue test.
+_ITEM = 1 << 20
+
+
+def _array_length(body: bytes) -> tuple[int, int]:
+    """A frame's item count and where its items start (a msgpack array header)."""
+    head = body[0]
+    if head & 0xF0 == 0x90:
+        return head & 0x0F, 1
+    if head == 0xDC:
+        return int.from_bytes(body[1:3], "big"), 3
+    return int.from_bytes(body[1:5], "big"), 5

@@ -1,15 +1,19 @@
 """Frames over an asyncio stream: reading one, and a writer that batches.
 
 ``FrameWriter`` owns the write side of a connection: callers queue encoded messages
-(``send``), and its task drains everything queued by the time it runs into one frame
-per turn of the event loop, so concurrent requests (or answers, or deliveries) share a
-frame and a write. A burst does not wait for its end: once ``FRAME_ITEMS`` messages are
-queued they leave at once, so the peer starts on the first of them while the rest are
-produced. (Appends through a node pipeline this way: many producers' answers in several
-frames instead of one split the producers into cohorts, one on the disk while another is
-on the wire; measured in the commit that added it.) It counts the bytes queued and not
-yet taken by the peer; with a high water it reports when they exceed it (callers then
-stop producing: the node stops reading that peer's requests) and since when.
+(``send``), and a callback it schedules (``call_soon``: after the callbacks ready now)
+writes everything queued by then as one frame, so concurrent requests (or answers, or
+deliveries) share a frame and a write. A burst does not wait for its end: once
+``FRAME_ITEMS`` messages are queued they leave at once, so the peer starts on the first
+of them while the rest are produced. (Appends through a node pipeline this way: many
+producers' answers in several frames instead of one split the producers into cohorts,
+one on the disk while another is on the wire; measured in the commit that added it.)
+While the transport takes each frame at once (its buffer empty after the write: the
+usual case) no task runs and no future is made; a frame the transport must buffer wakes
+the writer's task, which waits for the transport to drain. The writer counts the bytes
+queued and not yet taken by the peer; with a high water it reports when they exceed it
+(callers then stop producing: the node stops reading that peer's requests) and since
+when.
 ``read_frame`` reads one frame body, refusing a length prefix above the limit before
 reading the body.
 """
@@ -69,12 +73,16 @@ class FrameWriter:
     __slots__ = (
         "_closed",
         "_closing",
+        "_draining",
         "_error",
+        "_flush_scheduled",
         "_high_water",
+        "_loop",
         "_low_water",
         "_queue",
         "_queued",
         "_task",
+        "_transport",
         "_unsettled",
         "_wakeup",
         "_writable",
@@ -84,6 +92,8 @@ class FrameWriter:
 
     def __init__(self, writer: asyncio.StreamWriter, high_water: int | None = None) -> None:
         self._writer = writer
+        self._transport = writer.transport
+        self._loop = asyncio.get_running_loop()
         self._queue: deque[tuple[bytes, Sent | None]] = deque()
         self._wakeup = asyncio.Event()
         self._closed = False
@@ -91,6 +101,8 @@ class FrameWriter:
         self._error: BaseException | None = None
         self._queued = 0
         self._unsettled = 0  # bytes written to the transport, not yet seen drained
+        self._flush_scheduled = False  # _flush is due at the end of this loop turn
+        self._draining = False  # the task waits for the transport to drain
         self._high_water = high_water
         self._low_water = -1 if high_water is None else high_water // 2
         self._writable = asyncio.Event()
@@ -98,7 +110,7 @@ class FrameWriter:
         #: The loop time at which the queue last rose above the high water (None while
         #: it is writable).
         self.over_since: float | None = None
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = self._loop.create_task(self._run())
 
     @property
     def closed(self) -> bool:
@@ -138,20 +150,49 @@ class FrameWriter:
         self._queued_more(sum(map(len, items)))
 
     def _queued_more(self, size: int) -> None:
-        """``size`` more bytes were queued: past the high water, no longer writable; wake
-        the writer, and write frames now while a frame's worth of items waits."""
+        """``size`` more bytes were queued: past the high water, no longer writable; write
+        frames now while a frame's worth of items waits, and the rest at the end of the
+        loop's turn (``_flush``)."""
         self._queued += size
         high = self._high_water
         if high is not None and self._queued > high and self.over_since is None:
             self._writable.clear()
-            self.over_since = asyncio.get_running_loop().time()
-        self._wakeup.set()
+            self.over_since = self._loop.time()
         while (
             len(self._queue) >= FRAME_ITEMS
             and not self._closing
-            and not self._writer.transport.is_closing()
+            and not self._transport.is_closing()
         ):
             self._write_frame()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write what is queued; if the transport took it all, count it as taken, else
+        wake the task to wait for the transport to drain. While the task waits it
+        writes what comes meanwhile once the transport drained."""
+        self._flush_scheduled = False
+        if self._closed or self._closing or self._draining:
+            return  # the task writes what is queued (and aclose flushes)
+        transport = self._transport
+        if transport.is_closing():
+            self._wakeup.set()  # the task's drain raises the connection's error
+            return
+        while self._queue:
+            self._write_frame()
+        if transport.get_write_buffer_size() == 0:
+            self._settled(self._unsettled)
+        else:
+            self._wakeup.set()
+
+    def _settled(self, written: int) -> None:
+        """``written`` bytes of the frames written were taken by the transport's peer."""
+        self._unsettled -= written
+        self._queued -= written
+        if self.over_since is not None and self._queued <= self._low_water:
+            self.over_since = None
+            self._writable.set()
 
     def _write_frame(self) -> None:
         """Write one frame of the messages queued (as many as fit) to the transport;
@@ -186,12 +227,12 @@ class FrameWriter:
                     if queue:
                         self._write_frame()
                     written = self._unsettled
-                    await writer.drain()
-                    self._unsettled -= written
-                    self._queued -= written
-                    if self.over_since is not None and self._queued <= self._low_water:
-                        self.over_since = None
-                        self._writable.set()
+                    self._draining = True
+                    try:
+                        await writer.drain()
+                    finally:
+                        self._draining = False
+                    self._settled(written)
                 if self._closing:
                     return
         except (ConnectionError, OSError) as exc:
