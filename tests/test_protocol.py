@@ -4,6 +4,8 @@ layout and batching, and the byte forms the document shows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -112,11 +114,19 @@ def test_the_byte_forms_of_stream_stats() -> None:
     assert msgspec.msgpack.decode(longer, type=p.StreamStats) == plain
 
 
-async def test_a_writer_batches_a_loop_turn_into_frames_of_at_most_frame_items() -> None:
+@contextlib.asynccontextmanager
+async def _frame_reader(
+    reading: asyncio.Event | None = None,
+) -> AsyncIterator[tuple[asyncio.StreamWriter, list[bytes], asyncio.Event]]:
+    """A peer on loopback that reads frames (once ``reading`` is set, if given) until the
+    client closes: yields the client's stream writer, the frame bodies read and an event
+    set once the client closed."""
     frames: list[bytes] = []
     done = asyncio.Event()
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if reading is not None:
+            await reading.wait()
         try:
             while True:
                 frames.append(await read_frame(reader))
@@ -128,25 +138,74 @@ async def test_a_writer_batches_a_loop_turn_into_frames_of_at_most_frame_items()
     server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     _, client = await asyncio.open_connection("127.0.0.1", port)
-    writer = FrameWriter(client)
-    sent: list[int] = []
-    burst = 3 * FRAME_ITEMS + 4
-    for i in range(burst):  # one loop turn: full frames leave at once, the rest at its end
-        writer.send(msgspec.msgpack.encode(p.CloseStream(i)), lambda i=i: sent.append(i))
-        if i == FRAME_ITEMS - 1:
-            assert sent == list(range(FRAME_ITEMS))  # written before the turn ended
-    await asyncio.sleep(0)
-    for i in range(burst, burst + 5):  # the next turn's few share one frame
-        writer.send(msgspec.msgpack.encode(p.CloseStream(i)), lambda i=i: sent.append(i))
-    await writer.aclose()
-    await asyncio.wait_for(done.wait(), 10)
-    server.close()
-    await server.wait_closed()
+    try:
+        yield client, frames, done
+    finally:
+        client.transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_writer_batches_a_loop_turn_into_frames_of_at_most_frame_items() -> None:
+    async with _frame_reader() as (client, frames, done):
+        writer = FrameWriter(client)
+        sent: list[int] = []
+        burst = 3 * FRAME_ITEMS + 4
+        for i in range(burst):  # one loop turn: full frames leave at once, the rest at its end
+            writer.send(msgspec.msgpack.encode(p.CloseStream(i)), lambda i=i: sent.append(i))
+            if i == FRAME_ITEMS - 1:
+                assert sent == list(range(FRAME_ITEMS))  # written before the turn ended
+        await asyncio.sleep(0)
+        for i in range(burst, burst + 5):  # the next turn's few share one frame
+            writer.send(msgspec.msgpack.encode(p.CloseStream(i)), lambda i=i: sent.append(i))
+        await writer.aclose()
+        await asyncio.wait_for(done.wait(), 10)
     decoded = [msgspec.msgpack.decode(f, type=list[p.ClientMessage]) for f in frames]
     assert [len(f) for f in decoded] == [FRAME_ITEMS] * 3 + [4, 5]
     assert [m for f in decoded for m in f] == [p.CloseStream(i) for i in range(burst + 5)]
     assert sent == list(range(burst + 5))
     assert writer.queued_bytes == 0
+
+
+async def test_a_writer_holds_what_its_peer_has_not_taken_and_sends_it_in_order_later() -> None:
+    """Frames the transport had to buffer (a peer not reading yet) count as queued until
+    the transport drained; what is sent meanwhile follows them, in order."""
+    reading = asyncio.Event()
+    sent = [bytes([i]) * _ITEM for i in range(48)]
+    async with _frame_reader(reading) as (client, frames, done):
+        writer = FrameWriter(client, high_water=8 * _ITEM)
+        for item in sent[:40]:  # a frame a loop turn: far more than the kernel's buffers hold
+            writer.send(item)
+            await asyncio.sleep(0)
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        assert writer.queued_bytes > 8 * _ITEM  # in the transport, not taken
+        assert not writer.writable
+        for item in sent[40:]:
+            writer.send(item)
+        reading.set()
+        async with asyncio.timeout(10):
+            await writer.wait_writable()  # half the high water or less: it drains
+            await writer.aclose()
+            assert writer.queued_bytes == 0
+            await done.wait()
+    assert [item for body in frames for item in _items(body)] == sent
+
+
+#: The bytes of one item in the writer's queue test.
+_ITEM = 1 << 20
+
+
+def _items(body: bytes) -> list[bytes]:
+    """The items of a frame whose items are all ``_ITEM`` bytes long."""
+    head = body[0]
+    if head & 0xF0 == 0x90:
+        count, offset = head & 0x0F, 1
+    elif head == 0xDC:
+        count, offset = int.from_bytes(body[1:3], "big"), 3
+    else:
+        count, offset = int.from_bytes(body[1:5], "big"), 5
+    return [body[offset + i * _ITEM : offset + (i + 1) * _ITEM] for i in range(count)]
 
 
 async def test_a_length_prefix_above_the_limit_is_refused_before_the_body() -> None:
@@ -168,63 +227,3 @@ def test_the_byte_forms_of_recall() -> None:
     assert encode(recalled) == bytes.fromhex("93 20 01 92 93 a8 6d 65 6d 6f 72 79 3a 33 09 c0 c0")
     assert msgspec.msgpack.decode(encode(recall), type=p.ClientMessage) == recall
     assert msgspec.msgpack.decode(encode(recalled), type=p.NodeMessage) == recalled
-
-
-async def test_a_writer_holds_what_its_peer_has_not_taken_and_sends_it_in_order_later() -> None:
-    """Frames the transport had to buffer (a peer not reading yet) count as queued until
-    the transport drained; what is sent meanwhile follows them, in order."""
-    reading = asyncio.Event()
-    items: list[bytes] = []
-    done = asyncio.Event()
-
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reading.wait()
-        try:
-            while True:
-                body = await read_frame(reader)
-                count, offset = _array_length(body)
-                items.extend(
-                    body[offset + i * _ITEM : offset + (i + 1) * _ITEM] for i in range(count)
-                )
-        except asyncio.IncompleteReadError:
-            done.set()
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    _, client = await asyncio.open_connection("127.0.0.1", port)
-    writer = FrameWriter(client, high_water=8 * _ITEM)
-    sent = [bytes([i]) * _ITEM for i in range(48)]
-    for item in sent[:40]:  # a frame a loop turn: far more than the kernel's buffers hold
-        writer.send(item)
-        await asyncio.sleep(0)
-    for _ in range(5):
-        await asyncio.sleep(0.01)
-    assert writer.queued_bytes > 8 * _ITEM  # in the transport, not taken
-    assert not writer.writable
-    for item in sent[40:]:
-        writer.send(item)
-    reading.set()
-    async with asyncio.timeout(10):
-        await writer.wait_writable()  # half the high water or less: it drains
-        await writer.aclose()
-        assert writer.queued_bytes == 0
-        await done.wait()
-    server.close()
-    await server.wait_closed()
-    assert items == sent
-
-
-#: The bytes of one item in the writer's queue test.
-_ITEM = 1 << 20
-
-
-def _array_length(body: bytes) -> tuple[int, int]:
-    """A frame's item count and where its items start (a msgpack array header)."""
-    head = body[0]
-    if head & 0xF0 == 0x90:
-        return head & 0x0F, 1
-    if head == 0xDC:
-        return int.from_bytes(body[1:3], "big"), 3
-    return int.from_bytes(body[1:5], "big"), 5
