@@ -6,6 +6,7 @@ like appends made one by one."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -146,3 +147,53 @@ async def test_an_empty_group_is_answered_at_once(tmp_path: Path) -> None:
         assert await wal.submit_group([]) == []
     finally:
         await wal.aclose()
+
+
+class Picky:
+    """An interceptor that admits plain messages at once (``PlainAdmission``) except
+    those whose payload is ``b"wait"``, which it passes through ``do_append``."""
+
+    def __init__(self) -> None:
+        self.taken: list[bytes] = []  # admitted and not released yet
+        self.seen: list[bytes] = []  # passed through do_append
+
+    def admit_plain(self, message: Message) -> bool:
+        if message.payload == b"wait":
+            return False
+        self.taken.append(message.payload)
+        return True
+
+    def release_plain(self, message: Message) -> None:
+        self.taken.remove(message.payload)
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        self.seen.append(message.payload)
+        return await call_next(message)
+
+
+async def test_a_plain_group_on_a_backend_durable_at_once_is_appended_at_once() -> None:
+    """On ``memory://`` (each append durable when made) a group of plain messages is
+    appended while ``submit_group`` runs, one append each: an oversized message fails
+    alone, and from a message the chain does not admit at once on, the rest are appended
+    as ``append`` appends each, after the messages before it."""
+    url = f"memory://{uuid.uuid4().hex}"
+    picky = Picky()
+    wal = await walsvc.open_wal(url, "p0", max_message_size=4096, interceptors=[picky])
+    assert isinstance(wal, LocalWAL)
+    try:
+        group = wal.submit_group([plain(0), plain(1, 8192), plain(2)])
+        assert group.done()  # no task, no loop turn
+        outcomes = group.result()
+        assert isinstance(outcomes[0], AppendResult)
+        assert isinstance(outcomes[1], MessageTooLarge)
+        assert isinstance(outcomes[2], AppendResult)
+        waiting = Message(payload=b"wait", vchannel="v")
+        rest = await wal.submit_group([plain(3), waiting, plain(4)])
+        assert all(isinstance(o, AppendResult) for o in rest)
+        assert picky.seen == [b"wait"]
+        assert picky.taken == []  # every admission released
+    finally:
+        await wal.aclose()
+    stored = [m.payload for m in await whole_log(url, "p0") if m.type is MessageType.INSERT]
+    assert stored[:3] == [plain(n).payload for n in (0, 2, 3)]
+    assert sorted(stored[3:]) == sorted([b"wait", plain(4).payload])

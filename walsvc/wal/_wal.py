@@ -369,7 +369,9 @@ class LocalWAL(WAL):
         many producers would: one may fail while the others land, and nothing keeps
         them contiguous); the future gets the list of their outcomes, each a result or
         the error ``append`` would have raised, or raises what all of them raised.
-        Cancelling it before their batch starts leaves them all out of the log."""
+        Cancelling it before their batch starts leaves them all out of the log. Plain
+        messages on a backend durable when it appends (``memory://``) are appended
+        before this returns, as ``append`` appends each there: no task, no batch."""
         if not messages:
             done: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
             done.set_result([])
@@ -377,7 +379,50 @@ class LocalWAL(WAL):
         kind = self._group_kind(messages)
         if kind is not None:
             return kind.submit_group(messages)
+        appended = self._append_plain_now(messages)
+        if appended is not None:
+            return appended
         return asyncio.ensure_future(self._append_each_alone(messages))
+
+    def _append_plain_now(
+        self, messages: Sequence[Message]
+    ) -> asyncio.Future[list[Outcome]] | None:
+        """``submit_group`` of plain messages where ``append`` appends each without an
+        ``await`` (a backend durable when it appends, a chain whose every member admits
+        plain messages at once): each appended now, in order, its outcome what
+        ``append`` would return or raise. Those from the first the chain does not admit
+        at once go on as ``_append_each_alone`` does. None where this does not apply."""
+        admitters = self._plain_admitters
+        if (
+            admitters is None
+            or not self._immediate_acks
+            or not self._writable
+            or self._startup is not None
+            or user_batch_kind(list(messages)) != PLAIN_BATCH
+        ):
+            return None
+        outcomes: list[Outcome] = []
+        for message in messages:
+            if not _admit(admitters, message):
+                break
+            try:
+                outcomes.append(self._point.serialize_now(message))
+            except Exception as exc:  # the error append raises: this message's outcome
+                outcomes.append(exc)
+            finally:
+                for member in admitters:
+                    member.release_plain(message)
+        if len(outcomes) < len(messages):
+            return asyncio.ensure_future(self._append_rest(outcomes, messages[len(outcomes) :]))
+        done: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        done.set_result(outcomes)
+        return done
+
+    async def _append_rest(
+        self, outcomes: list[Outcome], messages: Sequence[Message]
+    ) -> list[Outcome]:
+        """``outcomes`` followed by those of ``messages``, each appended on its own."""
+        return outcomes + await self._append_each_alone(messages)
 
     def _group_kind(self, messages: Sequence[Message]) -> AppendCoalescer | KeyedCoalescer | None:
         """The coalescer that takes every one of ``messages`` (all plain, or all keyed,
