@@ -95,6 +95,7 @@ class Dedup:
         "_lookup",
         "_owners",
         "_rebuild",
+        "_stopped",
         "_window",
         "hits",
         "rebuilt",
@@ -112,6 +113,7 @@ class Dedup:
         # The window's dict itself, on the hot paths (never replaced).
         self._window = self._keys.slots
         self._rebuild: asyncio.Task[None] | None = None
+        self._stopped = False  # begin_close ran: no rebuild (again)
         self._owners: set[asyncio.Future[Any]] = set()
         self._lookup = KeyLookup(self._keys, self._bound, self._own)
         #: Keyed appends answered without appending: a retry of a settled key, or a
@@ -149,7 +151,7 @@ class Dedup:
                 isinstance(error, WALError)
                 and error.retriable
                 and self._context is not None
-                and not self._context.closed
+                and not self._stopped
             ):
                 rebuild = self._rebuild = asyncio.ensure_future(self._rebuild_window(self._context))
                 rebuild.add_done_callback(_collect)
@@ -578,16 +580,23 @@ class Dedup:
         return self._context
 
     def begin_close(self) -> None:
-        """Stop the rebuild: the appends waiting for it raise ``WALClosed`` (a rebuild
-        stuck in a read would otherwise hold the WAL's close)."""
+        """Stop the rebuild, once: the appends waiting for it raise ``WALClosed`` (a
+        rebuild stuck in a read would otherwise hold the WAL's close). Idempotent: a
+        second cancel would cut short the clean-up of its read (a client stopping)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self._rebuild is not None and not self._rebuild.done():
             self._rebuild.cancel()
 
     async def aclose(self) -> None:
-        """Stop the rebuild and wait for the owners still appending (their callers may
-        have gone; their outcome settles nothing any more, but they must finish before
-        the backend closes)."""
+        """Stop the rebuild and wait for its read to close, and for the owners still
+        appending (their callers may have gone; their outcome settles nothing any more):
+        all of them before the backend closes."""
         self.begin_close()
+        rebuild = self._rebuild
+        if rebuild is not None and not rebuild.done():
+            await asyncio.wait((rebuild,))
         if self._owners:
             await asyncio.wait(list(self._owners))
 

@@ -176,33 +176,45 @@ async def test_random_logs_rebuild_the_window_a_whole_read_would(
         _check_window(member(wal, Dedup), await log_of(wal), max_keys)
 
 
+@pytest.mark.parametrize("waiting", [True, False], ids=["a-keyed-append-waits", "none-waits"])
 async def test_closing_does_not_wait_for_a_rebuild_stuck_in_a_read(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, waiting: bool
 ) -> None:
     """A WAL closes at once while its window's rebuild is stuck in a read (a broker that
     stopped answering): the keyed append waiting for the rebuild fails with
-    ``WALClosed`` (it never reached the log) instead of holding ``aclose`` for good."""
+    ``WALClosed`` (it never reached the log) instead of holding ``aclose`` for good. The
+    read is cancelled once, and its clean-up (a client stopping) runs to its end before
+    the backend closes."""
     url = f"memory://{uuid.uuid4().hex}"
     async with await walsvc.open_wal(url, "p0") as wal:
         await wal.append(data(b"before", idempotency_key="k0"))
     reading = asyncio.Event()
+    cleaned_up = asyncio.Event()
 
     async def stuck(*args: Any) -> AsyncGenerator[Sequence[ImmutableMessage], None]:
         reading.set()
-        await asyncio.Event().wait()  # never set
+        try:
+            await asyncio.Event().wait()  # never set
+        finally:
+            await asyncio.sleep(0.05)  # as a broker client takes to stop
+            cleaned_up.set()
         yield []
 
     monkeypatch.setattr(_key_search, "read_batches_through", stuck)
     wal = await walsvc.open_wal(url, "p0")
     keyed = asyncio.ensure_future(wal.append(data(b"after", idempotency_key="k1")))
+    if not waiting:
+        keyed.cancel()
     async with asyncio.timeout(10):
         await reading.wait()
     await asyncio.sleep(0.01)
-    assert not keyed.done()
+    assert keyed.cancelled() != waiting
     async with asyncio.timeout(10):  # before: forever
         await wal.aclose()
-        with pytest.raises(walsvc.WALClosed):
-            await keyed
+        if waiting:
+            with pytest.raises(walsvc.WALClosed):
+                await keyed
+    assert cleaned_up.is_set()  # before: cancelled again in its clean-up, left running
     monkeypatch.undo()
     async with await walsvc.open_wal(url, "p0", read_only=True) as reader:
         kept = [m.payload for m in await log_of(reader) if m.type is walsvc.MessageType.INSERT]
