@@ -141,9 +141,12 @@ async def _frame_reader(
     try:
         yield client, frames, done
     finally:
-        client.transport.abort()
-        server.close()
-        await server.wait_closed()
+        try:
+            if not client.transport.is_closing():  # closed already: asyncio's abort fails
+                client.transport.abort()
+        finally:
+            server.close()
+            await server.wait_closed()
 
 
 async def test_a_writer_batches_a_loop_turn_into_frames_of_at_most_frame_items() -> None:
