@@ -6,10 +6,12 @@ like appends made one by one."""
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+import _faulty
 from _chain_support import whole_log
 
 import walsvc
@@ -197,3 +199,53 @@ async def test_a_plain_group_on_a_backend_durable_at_once_is_appended_at_once() 
     stored = [m.payload for m in await whole_log(url, "p0") if m.type is MessageType.INSERT]
     assert stored[:3] == [plain(n).payload for n in (0, 2, 3)]
     assert sorted(stored[3:]) == sorted([b"wait", plain(4).payload])
+
+
+async def test_plain_groups_appended_at_once_through_random_faults_keep_each_promise(
+    seed: random.Random,
+) -> None:
+    """Groups of plain messages on ``faultynow://`` (durable when appended, so each
+    group is appended while ``submit_group`` runs) while its appends fail at random: a
+    write refused, a connection reset before the write, or after it (the outcome
+    unknown). Every message answered with a result is in the log once, at that id; one
+    refused is not; nothing else is in the log but messages whose outcome is unknown;
+    no id twice."""
+    _faulty.register()
+    pchannel = uuid.uuid4().hex
+    kinds = ["ok"] * 6 + ["unavailable", "lost-write", "lost-ack"]
+    _faulty.FaultyBackend.faults[pchannel] = [seed.choice(kinds) for _ in range(400)]
+    url = f"{_faulty.NOW_SCHEME}://{pchannel}"
+    sent: list[tuple[bytes, object]] = []
+    try:
+        wal = await walsvc.open_wal(url, pchannel, interceptors=[])
+        try:
+            for group_number in range(60):
+                group = [
+                    Message(payload=b"%d.%d" % (group_number, i), vchannel="v")
+                    for i in range(seed.randint(1, 8))
+                ]
+                appended = wal.submit_group(group)
+                assert appended.done()  # appended while submit_group ran
+                outcomes = await appended
+                sent += [(m.payload, o) for m, o in zip(group, outcomes, strict=True)]
+        finally:
+            await wal.aclose()
+    finally:
+        _faulty.FaultyBackend.faults.pop(pchannel, None)
+    stored = [m for m in await whole_log(url, pchannel) if m.type is MessageType.INSERT]
+    where = {m.payload: m.message_id for m in stored}
+    assert len(where) == len(stored)  # no message twice
+    assert len({m.message_id for m in stored}) == len(stored)  # no id twice
+    unknown = set()
+    for payload, outcome in sent:
+        if isinstance(outcome, AppendResult):
+            assert where.get(payload) == outcome.message_id
+        elif isinstance(outcome, walsvc.AppendOutcomeUnknown):
+            unknown.add(payload)
+        else:
+            assert isinstance(outcome, walsvc.BackendUnavailable), outcome
+            assert payload not in where
+    acknowledged = {p for p, o in sent if isinstance(o, AppendResult)}
+    assert set(where) <= acknowledged | unknown
+    assert any(isinstance(o, AppendResult) for _, o in sent)
+    assert unknown  # the schedule reached the ambiguous faults
