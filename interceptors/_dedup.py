@@ -33,7 +33,8 @@ appended as one batch, whose owner is the WAL's task for it, and each key is set
 its result; the promises above are the same for them. Most keys of the window are settled
 message keys, held as their bare ``AppendResult``; an ``append_many`` of new counted keys
 (a remote producer's, ``walsvc.producer_key``'s) is claimed, settled and evicted as one
-``Run`` (``_dedup_runs``), the same keys in another form. The window's bookkeeping (its keys,
+``Run`` (``_dedup_runs``), the same keys in another form, and so is a coalesced batch
+whose keys are such a run (the appends of one remote producer's frame, on the node). The window's bookkeeping (its keys,
 their order, eviction) is ``_dedup_window.Window``'s; what it reads for keys whose outcome
 is not at hand (owners in flight, ambiguous appends, recalls) is
 ``_dedup_lookup.KeyLookup``'s.
@@ -340,10 +341,19 @@ class Dedup:
                 await self.wait_rebuilt()
             except WALError:
                 return [None] * len(messages)  # do_append raises it, a fresh copy each
-        entry = Entry(self._bound().last_confirmed_id(), False)
+        floor = self._bound().last_confirmed_id()
+        # The appends of one remote producer's frame: a run of new counted keys, one claim.
+        run = self._keys.claim_run(messages, floor)
+        if run is not None:
+            return await self._owning(
+                run.entry, self._append_claimed_run(run, list(messages), call_next)
+            )
+        entry = Entry(floor, False)
         keys = cast("list[Key] | None", window_keys(messages))  # a message has a key
         if keys is not None and self._claim_new(keys, entry):  # the usual batch: all new
-            return await self._append_coalesced(keys, entry, list(messages), call_next)
+            return await self._owning(
+                entry, self._append_claimed(keys, entry, list(messages), call_next)
+            )
         window = self._window
         get = self._keys.get  # the table's keys and the runs'
         batch: list[Message] = []
@@ -373,7 +383,7 @@ class Dedup:
         if not batch:
             return [None if isinstance(a, int) else a for a in others.values()]
         self._keys.order.extend(claimed)
-        outcomes = await self._append_coalesced(claimed, entry, batch, call_next)
+        outcomes = await self._owning(entry, self._append_claimed(claimed, entry, batch, call_next))
         if not others:
             return outcomes  # the usual batch: every key was new
         answered: list[AppendResult | Exception | None] = []
@@ -390,16 +400,17 @@ class Dedup:
                 answered.append(other)
         return answered
 
-    async def _append_coalesced(
-        self, claimed: list[Key], entry: Entry, batch: list[Message], call_next: AppendBatchNext
+    async def _owning(
+        self, entry: Entry, work: Awaitable[Sequence[AppendResult | Exception | None]]
     ) -> Sequence[AppendResult | Exception | None]:
-        """``_append_claimed``, with ``entry`` owned meanwhile by a future of its own
-        (the WAL's coalescing task runs the batch to its end, whatever its callers do)."""
+        """``work`` (a coalesced batch's append), with ``entry`` owned meanwhile by a
+        future of its own (the WAL's coalescing task runs the batch to its end, whatever
+        its callers do)."""
         owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry.owner = owner
         self._owners.add(owner)
         try:
-            return await self._append_claimed(claimed, entry, batch, call_next)
+            return await work
         finally:
             self._owners.discard(owner)
             owner.set_result(None)
@@ -425,6 +436,27 @@ class Dedup:
                 raise
             return [exc] * len(claimed)
         self._keys.settle_all(claimed, entry, appended)
+        return appended
+
+    async def _append_claimed_run(
+        self, run: Run, batch: list[Message], call_next: AppendBatchNext
+    ) -> Sequence[AppendResult | Exception | None]:
+        """``_append_claimed`` for a batch whose keys are ``run``: settled as one, split
+        into the table to be resolved key by key if the outcome is unknown, released if
+        nothing was written."""
+        try:
+            appended = await _append_whole(batch, call_next)
+        except AppendOutcomeUnknown as exc:
+            return await self._lookup.resolve_all(self._keys.split_run(run), run.entry, exc)
+        except MessageTooLarge:
+            self._keys.release_run(run)  # nothing was written: each tries again alone
+            return [None] * len(batch)
+        except BaseException as exc:
+            self._keys.release_run(run)  # nothing was written
+            if not isinstance(exc, Exception):
+                raise
+            return [exc] * len(batch)
+        self._keys.settle_run(run, appended)
         return appended
 
     # -- owners: the appends that settle keys ---------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import repeat
+from operator import attrgetter
 from typing import final
 
 from walsvc.core._ids import MessageId
@@ -39,6 +40,8 @@ from ._shards import (
 )
 
 __all__ = ("Window",)
+
+_timetick = attrgetter("timetick")
 
 
 @final
@@ -292,7 +295,7 @@ class Window:
         if stop > start:
             run.start = stop
             self.runs.keys -= stop - start
-            newest = max(result.timetick for result in results[start:stop])
+            newest = max(map(_timetick, results[start:stop]))  # a C loop
             if newest >= self.forgotten_below:
                 self.forgotten_below = newest + 1
         if stop < len(results):

@@ -247,6 +247,76 @@ async def test_the_keys_of_runs_are_rebuilt_from_the_log_on_open(tmp_path: objec
     assert [k for _, k in _keyed(log)] == keys
 
 
+async def test_concurrent_appends_of_new_counted_keys_are_one_run() -> None:
+    """Single appends of a run of new counted keys taken together (a remote producer's
+    frame, coalesced on the node) are claimed and settled as one run, and answered
+    from it as a batch's are."""
+    keys = _remote_keys(1, 20)
+    async with await walsvc.open_wal(
+        f"memory://runs-{uuid.uuid4().hex[:8]}", "p0", interceptors=_chain()
+    ) as wal:
+        dedup = member(wal, Dedup)
+        await wal.wait_ready()
+        await dedup.wait_rebuilt()
+        first = await asyncio.gather(*(wal.append(m) for m in _batch(keys)))
+        assert (dedup._keys.runs.keys, len(dedup._keys.slots)) == (20, 0)
+        assert await asyncio.gather(*(wal.append(m) for m in _batch(keys))) == first
+        assert await wal.append_many(_batch(keys[5:15], start=5)) == first[5:15]
+        assert await wal.append(_batch(keys)[7]) == first[7]
+        log = await log_of(wal)
+    assert [k for _, k in _keyed(log)] == keys
+    assert [m.message_id for m in log if m.idempotency_key] == [r.message_id for r in first]
+
+
+@pytest.mark.parametrize("fault", ["refused", "lost-ack", "lost-write", "too-large"])
+async def test_a_coalesced_run_that_fails_keeps_each_promise(fault: str) -> None:
+    """A coalesced run whose batch fails: refused before writing, each caller gets the
+    error and its key is free; landed with its acknowledgement lost, each gets its
+    result from the log (the keys move to the table); not written, each learns the
+    outcome is unknown and its key is free; one message too large, only it fails. A
+    retry of every key is answered for what landed and appends the rest once."""
+    keys = _remote_keys(1, 8)
+    payloads = [b"L" * 8192 if fault == "too-large" and i == 3 else b"s" for i in range(8)]
+    messages = [
+        data(p, vchannel=f"v{i % 3}", idempotency_key=k)
+        for i, (p, k) in enumerate(zip(payloads, keys, strict=True))
+    ]
+    extra = [_FailBatchesOnce()] if fault == "refused" else []
+    name = f"{_faulty.SCHEME}://{uuid.uuid4().hex}"
+    async with await walsvc.open_wal(
+        name, "c", interceptors=_chain(*extra), max_message_size=4096
+    ) as wal:
+        dedup = member(wal, Dedup)
+        await wal.wait_ready()
+        await dedup.wait_rebuilt()
+        if fault in ("lost-ack", "lost-write"):
+            _faulty.FaultyBackend.faults["c"] = [fault]
+        outcomes = await asyncio.gather(*(wal.append(m) for m in messages), return_exceptions=True)
+        expected_error = {
+            "refused": InvalidArgument,
+            "lost-write": walsvc.AppendOutcomeUnknown,
+        }.get(fault)
+        if expected_error is not None:
+            assert all(isinstance(o, expected_error) for o in outcomes), outcomes
+            assert len(dedup) == 0  # every key is free again
+        elif fault == "lost-ack":
+            assert all(isinstance(o, AppendResult) for o in outcomes), outcomes
+            assert (dedup._keys.runs.keys, len(dedup._keys.slots)) == (0, 8)
+        else:
+            assert isinstance(outcomes[3], walsvc.MessageTooLarge)
+            assert all(isinstance(o, AppendResult) for i, o in enumerate(outcomes) if i != 3)
+        messages[3] = data(b"s", vchannel="v0", idempotency_key=keys[3])
+        retried = await asyncio.gather(*(wal.append(m) for m in messages))
+        for outcome, result in zip(outcomes, retried, strict=True):
+            if isinstance(outcome, AppendResult):
+                assert result == outcome
+        assert await asyncio.gather(*(wal.append(m) for m in messages)) == retried
+        log = await log_of(wal)
+    assert sorted(k for _, k in _keyed(log)) == sorted(keys)  # each once
+    where = {m.idempotency_key: m.message_id for m in log}
+    assert [where[k] for k in keys] == [r.message_id for r in retried]
+
+
 #: ``WALSVC_SOAK=N`` (``make soak``): N times the random schedule's seeds.
 SOAK = int(os.environ.get("WALSVC_SOAK", "1"))
 #: What the random schedule adds to a message's vchannel: mostly nothing.
@@ -257,7 +327,8 @@ _SUFFIXES = ("", "", "", "+", "\0")
 @pytest.mark.parametrize("seed", range(3 * SOAK))
 async def test_random_resends_of_runs_land_each_key_once(seed: int) -> None:
     """Seeded rounds of concurrent appends of counted keys: batches of new, known and
-    overlapping ranges of several producers, singles, keys on other vchannels (one with
+    overlapping ranges of several producers, singles, ranges appended one by one at
+    once (a coalesced batch, as a remote producer's frame), keys on other vchannels (one with
     a NUL: a tuple window key), with a batch now and then held in flight. Every
     (vchannel, key) lands once, and every answer for it is its first result."""
     rng = random.Random(seed)
@@ -295,9 +366,12 @@ async def test_random_resends_of_runs_land_each_key_once(seed: int) -> None:
                 producer = rng.choice(producers)
                 first = rng.randint(0, 300)
                 messages = [message(producer, n) for n in range(first, first + rng.randint(1, 40))]
-                if rng.random() < 0.3:
+                form = rng.random()
+                if form < 0.3:
                     single = rng.choice(messages)
                     calls.append(note(asyncio.ensure_future(wal.append(single)), [single]))
+                elif form < 0.5:  # a remote producer's frame: one coalesced batch
+                    calls += [note(asyncio.ensure_future(wal.append(m)), [m]) for m in messages]
                 else:
                     calls.append(note(asyncio.ensure_future(wal.append_many(messages)), messages))
             await asyncio.gather(*calls)
