@@ -34,10 +34,10 @@ its result; the promises above are the same for them. Most keys of the window ar
 message keys, held as their bare ``AppendResult``; an ``append_many`` of new counted keys
 (a remote producer's, ``walsvc.producer_key``'s) is claimed, settled and evicted as one
 ``Run`` (``_dedup_runs``), the same keys in another form, and so is a coalesced batch
-whose keys are such a run (the appends of one remote producer's frame, on the node). The window's bookkeeping (its keys,
-their order, eviction) is ``_dedup_window.Window``'s; what it reads for keys whose outcome
-is not at hand (owners in flight, ambiguous appends, recalls) is
-``_dedup_lookup.KeyLookup``'s.
+whose keys are such a run (the appends of one remote producer's frame, on the node). The
+window's bookkeeping (its keys, their order, eviction) is ``_dedup_window.Window``'s; what
+it reads for keys whose outcome is not at hand (owners in flight, ambiguous appends,
+recalls) is ``_dedup_lookup.KeyLookup``'s.
 Milvus (PR #50007) loses its window on restart and releases keys on ambiguous errors.
 """
 

@@ -2,7 +2,8 @@
 
 The path of an append: ``append`` checks the WAL is writable and the message is a user
 message, waits (once) for the interceptors to be ready, then runs the interceptor chain
-(concurrent appends together, as one batch: see ``walsvc.write._coalesce``).
+(concurrent appends together, as one batch: see ``walsvc.write._coalesce``), by the path
+``_paths.AppendPaths`` chooses for it.
 The chain ends at the serialization point (``walsvc.write._serialization``), which in one
 synchronous step allocates the timetick, takes the last-confirmed id, encodes the
 envelope and hands it to the backend, whose ``append`` call orders the log: log order
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, final
 
 from scanners._tail_cache import CacheStats, TailCache
@@ -21,26 +22,17 @@ from walsvc.backends._base import Backend
 from walsvc.backends._subscriptions import SubscriptionScope, check_checkpoint_interval
 from walsvc.core._api import ScannerStats
 from walsvc.core._chain import (
-    KEYED_BATCH,
     PLAIN_BATCH,
     UNCHECKED_BATCH,
-    AppendBatchNext,
-    AppendNext,
     ChainMember,
     ClosingInterceptor,
-    CoalescingInterceptor,
     KeyRecall,
-    PlainAdmission,
     ReadyInterceptor,
     StoppingInterceptor,
     TickListener,
     TxnKeyWindow,
-    build_batch_chain,
-    build_chain,
-    coalescing_head,
     is_plain,
     manages_transactions,
-    plain_admitters,
     user_batch_kind,
 )
 from walsvc.core._deliver import DeliverPolicy
@@ -57,13 +49,14 @@ from walsvc.core._metrics import WALMetrics, wal_metrics
 from walsvc.core._timetick import TimetickAllocator
 from walsvc.read._scanner import LocalScanner, Subscription
 from walsvc.read._source import LogSource
-from walsvc.write._coalesce import AppendCoalescer, AppendEach, KeyedCoalescer, Outcome, outcome_of
+from walsvc.write._coalesce import Outcome
 from walsvc.write._serialization import SerializationPoint
 from walsvc.write._txn import Txn
 
 from ._api import DEFAULT_TXN_BUFFER_BYTES, WAL
 from ._context import WALContext
 from ._gauges import gauges_of
+from ._paths import AppendPaths, admit
 from ._startup import WriterStartup
 from ._txn_replay import read_committed_txn
 
@@ -123,19 +116,12 @@ class LocalWAL(WAL):
         "__weakref__",
         "_allocator",
         "_backend",
-        "_batch_chain",
         "_cache",
-        "_chain",
         "_closed",
-        "_coalescer",
-        "_immediate_acks",
-        "_keyed_coalescer",
         "_members",
         "_metrics",
         "_newest_at_open",
-        "_plain_admitters",
-        "_plain_batch_chain",
-        "_plain_chain",
+        "_paths",
         "_point",
         "_scanners",
         "_startup",
@@ -170,31 +156,7 @@ class LocalWAL(WAL):
         check_unbound(self._members)
         for member in self._members:
             _serving[id(member)] = self
-        self._chain: AppendNext = build_chain(self._members, point.serialize)
-        self._batch_chain = build_batch_chain(self._members, point.serialize_batch)
-        # Plain messages (no idempotency key, no txn: most appends) skip the members that
-        # declare they pass them through.
-        self._plain_chain = build_chain(self._members, point.serialize, plain=True)
-        self._plain_batch_chain = build_batch_chain(
-            self._members, point.serialize_batch, plain=True
-        )
-        # A plain message appended on its own skips the chain when every member of it
-        # admits the message synchronously (see PlainAdmission): no coroutine per member.
-        self._plain_admitters = plain_admitters(self._members)
-        self._immediate_acks = backend.immediate_acks
-        # Concurrent plain appends share one pass down the batch chain when every member
-        # handles batches and the backend's acks take time (else there is no concurrency
-        # to exploit, and a batch would only add a loop iteration to each append).
-        self._coalescer = (
-            AppendCoalescer(self._plain_batch_chain, self._plain_chain)
-            if self._plain_batch_chain is not None and not backend.immediate_acks
-            else None
-        )
-        # Concurrent keyed appends likewise, through the chain's outermost interceptor
-        # when it takes them together (Dedup, see CoalescingInterceptor); on every
-        # backend, since a keyed append alone runs as a task of its own anyway.
-        head = coalescing_head(self._members, point.serialize_batch)
-        self._keyed_coalescer = None if head is None else KeyedCoalescer(_each(*head), self._chain)
+        self._paths = AppendPaths(self._members, point, backend.immediate_acks)
         #: The newest id in the log when this writer opened (the tail cache's first floor).
         self._newest_at_open: MessageId | None = None
         self._tick_listeners: list[TickListener] = []
@@ -209,7 +171,7 @@ class LocalWAL(WAL):
         if metrics is None:
             return None
         self._point.metrics = metrics
-        for coalescer in (self._coalescer, self._keyed_coalescer):
+        for coalescer in (self._paths.coalescer, self._paths.keyed_coalescer):
             if coalescer is not None:
                 coalescer.metrics = metrics
         if self._writable:
@@ -327,22 +289,23 @@ class LocalWAL(WAL):
             self._check_user_message(message)
         if self._startup is not None:
             await self._wait_ready()
+        paths = self._paths
         if message.idempotency_key is None:  # and no txn: a plain message
-            if self._coalescer is not None:
-                return await self._coalescer.submit(message)
-            admitters = self._plain_admitters
-            if admitters is None or not _admit(admitters, message):
-                return await self._plain_chain(message)
+            if paths.coalescer is not None:
+                return await paths.coalescer.submit(message)
+            admitters = paths.admitters
+            if admitters is None or not admit(admitters, message):
+                return await paths.plain_chain(message)
             try:  # every member of the plain chain took it: straight to the log
-                if self._immediate_acks:
+                if paths.immediate_acks:  # (AppendPaths.append_admitted_now, inline)
                     return self._point.serialize_now(message)
                 return await self._point.serialize(message)
             finally:
                 for member in admitters:
                     member.release_plain(message)
-        if self._keyed_coalescer is not None:
-            return await self._keyed_coalescer.submit(message)
-        return await self._chain(message)
+        if paths.keyed_coalescer is not None:
+            return await paths.keyed_coalescer.submit(message)
+        return await paths.chain(message)
 
     def submit(self, message: Message) -> asyncio.Future[AppendResult]:
         """Start appending ``message`` as ``append`` would, without a coroutine of the
@@ -350,18 +313,10 @@ class LocalWAL(WAL):
         the message's batch starts leaves the message out of the log, as cancelling
         ``append`` does. For callers that start many appends at once (the node answers
         each remote append from its future's callback)."""
-        if (
-            self._writable
-            and type(message) is Message
-            and message.txn is None
-            and message.type not in SYSTEM_TYPES
-            and self._startup is None
-        ):
-            if message.idempotency_key is None:
-                if self._coalescer is not None:
-                    return self._coalescer.submit(message)
-            elif self._keyed_coalescer is not None:
-                return self._keyed_coalescer.submit(message)
+        if self._writable and self._startup is None:
+            queued = self._paths.submit(message)
+            if queued is not None:
+                return queued
         return asyncio.ensure_future(self.append(message))
 
     def submit_group(self, messages: Sequence[Message]) -> asyncio.Future[list[Outcome]]:
@@ -372,73 +327,8 @@ class LocalWAL(WAL):
         Cancelling it before their batch starts leaves them all out of the log. Plain
         messages on a backend durable when it appends (``memory://``) are appended
         before this returns, as ``append`` appends each there: no task, no batch."""
-        if not messages:
-            done: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
-            done.set_result([])
-            return done
-        kind = self._group_kind(messages)
-        if kind is not None:
-            return kind.submit_group(messages)
-        appended = self._append_plain_now(messages)
-        if appended is not None:
-            return appended
-        return asyncio.ensure_future(self._append_each_alone(messages))
-
-    def _append_plain_now(
-        self, messages: Sequence[Message]
-    ) -> asyncio.Future[list[Outcome]] | None:
-        """``submit_group`` of plain messages where ``append`` appends each without an
-        ``await`` (a backend durable when it appends, a chain whose every member admits
-        plain messages at once): each appended now, in order, its outcome what
-        ``append`` would return or raise. Those from the first the chain does not admit
-        at once go on as ``_append_each_alone`` does. None where this does not apply."""
-        admitters = self._plain_admitters
-        if (
-            admitters is None
-            or not self._immediate_acks
-            or not self._writable
-            or self._startup is not None
-            or user_batch_kind(list(messages)) != PLAIN_BATCH
-        ):
-            return None
-        outcomes: list[Outcome] = []
-        for message in messages:
-            if not _admit(admitters, message):
-                break
-            try:
-                outcomes.append(self._point.serialize_now(message))
-            except Exception as exc:  # the error append raises: this message's outcome
-                outcomes.append(exc)
-            finally:
-                for member in admitters:
-                    member.release_plain(message)
-        if len(outcomes) < len(messages):
-            return asyncio.ensure_future(self._append_rest(outcomes, messages[len(outcomes) :]))
-        done: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
-        done.set_result(outcomes)
-        return done
-
-    async def _append_rest(
-        self, outcomes: list[Outcome], messages: Sequence[Message]
-    ) -> list[Outcome]:
-        """``outcomes`` followed by those of ``messages``, each appended on its own."""
-        return outcomes + await self._append_each_alone(messages)
-
-    def _group_kind(self, messages: Sequence[Message]) -> AppendCoalescer | KeyedCoalescer | None:
-        """The coalescer that takes every one of ``messages`` (all plain, or all keyed,
-        none of a system type or a transaction's, on a ready writer), or None."""
-        if not self._writable or self._startup is not None:
-            return None
-        kind = user_batch_kind(list(messages))
-        if kind == PLAIN_BATCH:
-            return self._coalescer
-        return self._keyed_coalescer if kind == KEYED_BATCH else None
-
-    async def _append_each_alone(self, messages: Sequence[Message]) -> list[Outcome]:
-        """``submit_group`` for messages no coalescer takes together: each on its own."""
-        appends = [self.submit(message) for message in messages]
-        await asyncio.wait(appends)
-        return [outcome_of(append) for append in appends]
+        ready = self._writable and self._startup is None
+        return self._paths.submit_group(messages, ready, self.submit)
 
     async def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
         """Append messages in order; return their results once all are durable.
@@ -461,10 +351,11 @@ class LocalWAL(WAL):
             return []
         if self._startup is not None:
             await self._wait_ready()
-        batch_chain = self._plain_batch_chain if plain else self._batch_chain
+        paths = self._paths
+        batch_chain = paths.plain_batch_chain if plain else paths.batch_chain
         if batch_chain is not None:
             return await batch_chain(batch)
-        chain = self._plain_chain if plain else self._chain
+        chain = paths.plain_chain if plain else paths.chain
         return [await chain(message) for message in batch]
 
     async def recall_keys(
@@ -495,7 +386,7 @@ class LocalWAL(WAL):
         self._check_writable()
         if self._startup is not None:
             await self._wait_ready()
-        return await self._chain(message)
+        return await self._paths.chain(message)
 
     async def _append_internal_batch(self, messages: list[Message]) -> list[AppendResult]:
         """``_append_internal`` for a batch (transaction bodies): one pass down the batch
@@ -503,9 +394,10 @@ class LocalWAL(WAL):
         self._check_writable()
         if self._startup is not None:
             await self._wait_ready()
-        if self._batch_chain is None:
-            return [await self._chain(message) for message in messages]
-        return await self._batch_chain(messages)
+        paths = self._paths
+        if paths.batch_chain is None:
+            return [await paths.chain(message) for message in messages]
+        return await paths.batch_chain(messages)
 
     # -- transactions -----------------------------------------------------------------
 
@@ -677,10 +569,9 @@ class LocalWAL(WAL):
         for member in self._members:  # what queued appends wait for stops first
             if isinstance(member, StoppingInterceptor):
                 member.begin_close()
-        if self._coalescer is not None:
-            await self._coalescer.drain()
-        if self._keyed_coalescer is not None:
-            await self._keyed_coalescer.drain()
+        for coalescer in (self._paths.coalescer, self._paths.keyed_coalescer):
+            if coalescer is not None:
+                await coalescer.drain()
         errors: list[BaseException] = []
         for member in reversed(self._members):
             if isinstance(member, ClosingInterceptor):
@@ -705,25 +596,3 @@ class LocalWAL(WAL):
         mode = "ro" if self.read_only else f"rw term={self.term}"
         state = " closed" if self._closed else ""
         return f"<walsvc.WAL {self._backend.scheme}:{self.pchannel} {mode}{state}>"
-
-
-def _each(head: CoalescingInterceptor, below: AppendBatchNext) -> AppendEach:
-    """``head.do_append_coalesced`` over the batch chain ``below`` it."""
-
-    def append_each(
-        messages: Sequence[Message],
-    ) -> Awaitable[Sequence[AppendResult | Exception | None]]:
-        return head.do_append_coalesced(messages, below)
-
-    return append_each
-
-
-def _admit(admitters: tuple[PlainAdmission, ...], message: Message) -> bool:
-    """Whether every one of ``admitters`` took ``message`` (``PlainAdmission``); if one
-    refuses, those that took it release it."""
-    for taken, member in enumerate(admitters):
-        if not member.admit_plain(message):
-            for admitted in admitters[:taken]:
-                admitted.release_plain(message)
-            return False
-    return True
