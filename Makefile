@@ -51,8 +51,11 @@ docs: $(VENV)/.test-stamp
 # Two workers (pytest-xdist): one takes the Spark tests as one group, and either takes
 # the other modules one at a time (tests/conftest.py groups them): 644-723 s of pytest
 # against 941 s serially (2026-11-29).
+# --max-worker-restart 0: a worker that crashes (a native abort) fails the run at once,
+# naming the test it ran. With restarts, xdist 3.8's loadgroup never hands the rest of
+# that worker's group to the replacement, and the run waits for ever (seen 2026-11-30).
 pytest: $(VENV)/.test-stamp
-	$(VENV)/bin/pytest -n 2 --dist loadgroup
+	$(VENV)/bin/pytest -n 2 --dist loadgroup --max-worker-restart 0
 
 # Long fault schedules: the slow tests (crash loops, fault schedules, property tests) with
 # WALSVC_SOAK times their rounds and fresh hypothesis examples. Not part of `make test`.
