@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from walsvc.testing._tether import tethered
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,8 +37,12 @@ def node_process(
     and the process; kill it at exit. The node's log (stderr) is read on a thread as it
     comes, line by line into ``log`` if given: a node that logs much never blocks on a
     full pipe. The thread has read it all once this exits."""
+    command, fds = tethered(
+        [sys.executable, "-m", "walsvc", "serve", "--url", url, "--listen", "127.0.0.1:0", *extra]
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "walsvc", "serve", "--url", url, "--listen", "127.0.0.1:0", *extra],
+        command,
+        pass_fds=fds,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

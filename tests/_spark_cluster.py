@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from walsvc.testing._tether import tethered
+
 __all__ = (
     "QUICK_JVM",
     "ClusterError",
@@ -148,9 +150,11 @@ class SparkCluster:
 def _start(name: str, args: Sequence[str], workdir: Path, env: Mapping[str, str]) -> _Daemon:
     log = workdir / f"{name}.log"
     spark_class = spark_home() / "bin" / "spark-class"
+    command, fds = tethered([str(spark_class), *args])
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(spark_class), *args],
+            command,
+            pass_fds=fds,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

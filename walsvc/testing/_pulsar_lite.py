@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Final, final
 
 from ._tansu import wait_stopped
+from ._tether import tethered
 
 __all__ = ("PulsarLite", "PulsarLiteStartError", "start_pulsar_lite")
 
@@ -91,23 +92,27 @@ class PulsarLite:
         if self._process is not None:
             raise RuntimeError("broker already running")
         binary = _broker_binary()
+        command, fds = tethered(
+            [
+                str(binary),
+                "--config",
+                str(self.config),
+                "--addr",
+                f"127.0.0.1:{self.port}",
+                "--db-path",
+                str(self.db_path),
+                "--log-level",
+                "warn",
+            ]
+        )
         with self._stderr_path.open("ab") as stderr:
             self._process = subprocess.Popen(
-                [
-                    str(binary),
-                    "--config",
-                    str(self.config),
-                    "--addr",
-                    f"127.0.0.1:{self.port}",
-                    "--db-path",
-                    str(self.db_path),
-                    "--log-level",
-                    "warn",
-                ],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 cwd=self.workdir,
+                pass_fds=fds,
             )
         deadline = time.monotonic() + ready_within
         while time.monotonic() < deadline:

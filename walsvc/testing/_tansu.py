@@ -21,6 +21,8 @@ import tempfile
 import time
 from typing import Final, final
 
+from ._tether import tethered
+
 __all__ = ("TansuBroker", "TansuStartError", "start_tansu", "wait_stopped")
 
 _READY_WITHIN: Final = 15.0
@@ -146,12 +148,16 @@ def start_tansu(ready_within: float = _READY_WITHIN) -> TansuBroker:
     port = _free_port()
     fd, stderr_path = tempfile.mkstemp(prefix="tansu-", suffix=".stderr")
     listener = f"tcp://127.0.0.1:{port}"
+    command, fds = tethered(
+        [binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener]
+    )
     with os.fdopen(fd, "wb") as stderr:
         process = subprocess.Popen(
-            [binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener],
+            command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            pass_fds=fds,
         )
     broker = TansuBroker(process, port, stderr_path)
     deadline = time.monotonic() + ready_within
