@@ -30,6 +30,7 @@ import walsvc.backends._pulsar._log
 import walsvc.backends._pulsar._scanner
 from walsvc import DeliverPolicy
 from walsvc.backends._pulsar import PulsarMessageId
+from walsvc.backends._pulsar._creations import Creations
 from walsvc.backends._pulsar._reader import OrderedReader
 from walsvc.backends._pulsar._scanner import PulsarScanner
 
@@ -176,6 +177,34 @@ async def test_closing_ends_a_waiting_read_at_once(
         await reader.close()
         with pytest.raises(walsvc.WALClosed):
             await waiting
+
+
+async def test_a_close_whose_caller_gives_up_goes_on_and_the_client_waits_for_it(
+    topic_client: tuple[pulsar_asyncio.Client, str],
+) -> None:
+    """A close cancelled while it waits for the reader's pop in a worker still closes
+    the reader, and the client's creations (awaited before the client closes) wait for
+    it: else the client's close would race that pop. The read waiting meanwhile starts
+    no new pop: it ends with ``WALClosed``."""
+    client, topic = topic_client
+    creations = Creations("the test's client")
+    made = await client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=10)
+    reader = OrderedReader(made, creations=creations)
+    async with asyncio.timeout(HANG):
+        waiting = asyncio.create_task(reader.next_batch())
+        await asyncio.sleep(0.4)  # past the short pops: one of 200 ms is in flight
+        closing = asyncio.create_task(reader.close())
+        await asyncio.sleep(0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        await creations.aclose(HANG)
+        assert creations.in_flight == 0
+        with pytest.raises(pulsar.AlreadyClosed):
+            made._reader.read_next(0)
+        with pytest.raises(walsvc.WALClosed):
+            await waiting
+        await reader.close()  # again: the same close, done
 
 
 # ---------------------------------------------------------------------------------------

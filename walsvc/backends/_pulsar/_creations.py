@@ -10,7 +10,9 @@ behind in 4 of 8 closes.
 So every creation on a walsvc client goes through ``Creations.make``: the creation runs
 to its end whatever happens to its caller; what a cancelled caller will never receive is
 closed (disposed of) when it arrives; and ``Creations.aclose``, which the backend awaits
-before it closes the client, refuses new creations and waits for those in flight.
+before it closes the client, refuses new creations and waits for those in flight. Other
+work that must end before the client closes (a reader's close, which waits for a pop in
+a worker thread first) goes through ``Creations.see_through``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ class Creations:
             if dispose is not None:
                 self._track(asyncio.ensure_future(_dispose_when_made(creation, dispose)))
             raise
+
+    def see_through(self, work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+        """Run ``work`` to its end, whatever happens to whoever awaits the returned
+        future (await it through ``asyncio.shield``); ``aclose`` waits for it, even when
+        it started after ``aclose`` did."""
+        future = asyncio.ensure_future(work)
+        self._track(future)
+        return future
 
     def _track(self, future: asyncio.Future[Any]) -> None:
         self._in_flight.add(future)

@@ -84,7 +84,12 @@ async def create_reader(
     async def create() -> OrderedReader:
         made = await call_async(lambda done: raw.create_reader_async(topic, start_id, conf, done))
         schema.attach_client(raw)
-        return OrderedReader(pulsar_asyncio.Reader(made, schema), start=start, inclusive=inclusive)
+        return OrderedReader(
+            pulsar_asyncio.Reader(made, schema),
+            start=start,
+            inclusive=inclusive,
+            creations=client.creations,
+        )
 
     async def dispose(reader: OrderedReader) -> None:
         await reader.close()

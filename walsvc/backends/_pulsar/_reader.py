@@ -27,19 +27,26 @@ from typing import Any, Final, final
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
+from walsvc.core._errors import WALClosed
+
 from ._client import PULSAR_ERRORS, call_async, translate
+from ._creations import Creations
 from ._ids import PulsarMessageId
 
 __all__ = ("OrderedReader", "redeliveries_dropped")
 
 #: The most messages one ``next_batch`` returns (the readers' receiver queue size).
 BATCH: Final = 1000
-#: How long one blocking pop in a worker thread waits before it returns empty-handed
-#: (and the event loop starts another): the longest a worker stays with one reader.
-_WAIT_MS: Final = 200
+#: How long the blocking pops of a quiet reader in a worker thread wait, one after
+#: another, before each returns empty-handed (and the event loop starts the next). A close
+#: waits for the pop in flight (see ``OrderedReader.close``), so the first waits after
+#: messages are short: a reader closed soon after it went quiet (a probe of a seek, a
+#: replaced reader) closes within milliseconds. The last is the longest a worker stays
+#: with one reader.
+_WAITS_MS: Final = (10, 20, 50, 100, 200)
 #: Worker threads shared by every waiting reader of the process. A reader waits in one
 #: only while its queue is empty; with more readers than this waiting at once, each gets
-#: a worker in turn (for up to ``_WAIT_MS`` at a time).
+#: a worker in turn (for up to 200 ms at a time).
 _WORKERS: Final = 64
 
 #: Messages a reader delivered again (ids not above the previous one) and that were
@@ -70,18 +77,19 @@ def _pop_queued(raw: Any, limit: int) -> list[Any]:
     return out
 
 
-def _wait_for_messages(raw: Any) -> list[Any]:
-    """In a worker thread: block (up to ``_WAIT_MS``) for the next message of ``raw``,
+def _wait_for_messages(raw: Any, wait_ms: int) -> list[Any]:
+    """In a worker thread: block (up to ``wait_ms``) for the next message of ``raw``,
     then take whatever else it holds. Empty if nothing came."""
     try:
-        first = raw.read_next(_WAIT_MS)
+        first = raw.read_next(wait_ms)
     except pulsar.Timeout:
         return []
     return [first, *_pop_queued(raw, BATCH - 1)]
 
 
-def _retrieve(future: asyncio.Future[list[Any]]) -> None:
-    """Mark the outcome of an abandoned wait as seen (it fails once the reader closes)."""
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark the outcome of an abandoned wait or close as seen (a wait fails once the
+    reader closes)."""
     if not future.cancelled():
         future.exception()
 
@@ -94,9 +102,20 @@ class OrderedReader:
 
     ``start`` and ``inclusive`` record where the reader was created (an id, or the
     names ``"earliest"`` / ``"latest"``; None if unknown) so that a replacement can
-    resume where it left off (``_log.reopen``)."""
+    resume where it left off (``_log.reopen``). ``creations``, those of the reader's
+    client, see its close through before the client closes (None: nobody waits)."""
 
-    __slots__ = ("_last", "_raw", "_reader", "_waiting", "inclusive", "start")
+    __slots__ = (
+        "_closing",
+        "_creations",
+        "_last",
+        "_quiet_waits",
+        "_raw",
+        "_reader",
+        "_waiting",
+        "inclusive",
+        "start",
+    )
 
     def __init__(
         self,
@@ -104,6 +123,7 @@ class OrderedReader:
         *,
         start: PulsarMessageId | str | None = None,
         inclusive: bool = False,
+        creations: Creations | None = None,
     ) -> None:
         self._reader = reader
         self.start = start
@@ -113,6 +133,10 @@ class OrderedReader:
         #: A blocking pop running in a worker; a cancelled ``next_batch`` leaves it for
         #: the next call, so what it pops is not lost.
         self._waiting: asyncio.Future[list[Any]] | None = None
+        #: Pops that came back empty since the last message (the index in _WAITS_MS).
+        self._quiet_waits = 0
+        self._creations = creations
+        self._closing: asyncio.Future[None] | None = None
 
     def topic(self) -> str:
         """The topic read."""
@@ -128,9 +152,12 @@ class OrderedReader:
         queued, or, when none is, the first to arrive and what came with it. Empty only
         if every message that came was a re-delivery (so a caller reading to a bound can
         look at ``has_message_available`` again). Pulsar errors are translated
-        (``WALClosed`` once the reader is closed). Cancelling it loses no message."""
+        (``WALClosed`` once the reader is closed, or closing: no pop starts then, so none
+        races the close). Cancelling it loses no message."""
         messages: list[Any] = []
         while not messages:
+            if self._closing is not None:
+                raise WALClosed(f"the reader of {self.topic()} is closed")
             if self._waiting is None:
                 try:
                     messages = _pop_queued(self._raw, BATCH)
@@ -138,8 +165,9 @@ class OrderedReader:
                     raise translate(exc, f"reading {self.topic()} failed") from exc
                 if messages:
                     break
+                wait_ms = _WAITS_MS[min(self._quiet_waits, len(_WAITS_MS) - 1)]
                 self._waiting = asyncio.get_running_loop().run_in_executor(
-                    _waiters(), _wait_for_messages, self._raw
+                    _waiters(), _wait_for_messages, self._raw, wait_ms
                 )
             waiting = self._waiting
             try:
@@ -149,6 +177,8 @@ class OrderedReader:
             finally:
                 if waiting.done():
                     self._waiting = None
+            self._quiet_waits += not messages
+        self._quiet_waits = 0
         return self._fresh(messages)
 
     def _fresh(self, messages: list[Any]) -> list[tuple[PulsarMessageId, Any]]:
@@ -180,7 +210,7 @@ class OrderedReader:
     async def owes_messages(self) -> bool:
         """Whether the topic holds a message after the last one ``next_batch`` returned
         that this reader has yet to return (for a reader that has been quiet): a wait
-        left by a cancelled ``next_batch`` is let finish first (at most ``_WAIT_MS``); if
+        left by a cancelled ``next_batch`` is let finish first (at most 200 ms); if
         it brought messages, the answer is False and they go to the next ``next_batch``.
         Otherwise the broker is asked (``has_message_available``). Pulsar errors are
         translated."""
@@ -194,11 +224,23 @@ class OrderedReader:
 
     async def close(self) -> None:
         """Close the reader, once a blocking pop in a worker has left the client's code
-        (it returns within ``_WAIT_MS``; what it brought is dropped): pulsar-client's
-        close of a reader races a receive in flight on another thread, and the loser
-        corrupts the heap (SIGABRT or SIGSEGV later, anywhere; seen in ``make test``
-        while the other worker loaded the machine). Nothing touches the reader when its
-        client closes next."""
+        (it returns within its wait, 200 ms at most; what it brought is dropped):
+        pulsar-client's close of a reader races a receive in flight on another thread,
+        and the loser corrupts the heap (SIGABRT or SIGSEGV later, anywhere; seen in
+        ``make test`` while the other worker loaded the machine). A caller cancelled or
+        timed out meanwhile does not stop the close: it goes on, and the client's close
+        waits for it (``Creations.see_through``). Idempotent: a second call awaits the
+        first's close."""
+        if self._closing is None:
+            closing = self._close_after_the_pop()
+            if self._creations is not None:
+                self._closing = self._creations.see_through(closing)
+            else:
+                self._closing = asyncio.ensure_future(closing)
+                self._closing.add_done_callback(_retrieve)
+        await asyncio.shield(self._closing)
+
+    async def _close_after_the_pop(self) -> None:
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             waiting.add_done_callback(_retrieve)
