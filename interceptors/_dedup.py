@@ -35,9 +35,10 @@ message keys, held as their bare ``AppendResult``; an ``append_many`` of new cou
 (a remote producer's, ``walsvc.producer_key``'s) is claimed, settled and evicted as one
 ``Run`` (``_dedup_runs``), the same keys in another form, and so is a coalesced batch
 whose keys are such a run (the appends of one remote producer's frame, on the node). The
-window's bookkeeping (its keys, their order, eviction) is ``_dedup_window.Window``'s; what
-it reads for keys whose outcome is not at hand (owners in flight, ambiguous appends,
-recalls) is ``_dedup_lookup.KeyLookup``'s.
+window's bookkeeping (its keys, their order, eviction) is ``_dedup_window.Window``'s; the
+appends of claimed keys, settled or released from their outcome, are
+``_dedup_claims.ClaimedAppends``'; what it reads for keys whose outcome is not at hand
+(owners in flight, ambiguous appends, recalls) is ``_dedup_lookup.KeyLookup``'s.
 Milvus (PR #50007) loses its window on restart and releases keys on ambiguous errors.
 """
 
@@ -54,15 +55,14 @@ from walsvc.core._chain import AppendBatchNext, AppendNext, InterceptorContext
 from walsvc.core._errors import (
     AppendOutcomeUnknown,
     InvalidMessage,
-    MessageTooLarge,
     WALClosed,
     WALError,
 )
 from walsvc.core._message import AppendResult, Message, MessageType
 from walsvc.core._timetick import span_of_ms
 
+from ._dedup_claims import ClaimedAppends, RunClaim, TableClaim
 from ._dedup_lookup import KeyLookup, kind_mismatch
-from ._dedup_runs import Run
 from ._dedup_slots import Entry, Key, in_flight, key_of
 from ._dedup_window import Window
 from ._newest_keys import newest_settled
@@ -91,6 +91,7 @@ class Dedup:
     passes_plain_messages: Final = True
 
     __slots__ = (
+        "_appends",
         "_context",
         "_keys",
         "_lookup",
@@ -117,6 +118,7 @@ class Dedup:
         self._stopped = False  # begin_close ran: no rebuild (again)
         self._owners: set[asyncio.Future[Any]] = set()
         self._lookup = KeyLookup(self._keys, self._bound, self._own)
+        self._appends = ClaimedAppends(self._keys, self._lookup)
         #: Keyed appends answered without appending: a retry of a settled key, or a
         #: key twice in one batch.
         self.hits = 0
@@ -213,7 +215,7 @@ class Dedup:
         entry = Entry(self._bound().last_confirmed_id(), txn)
         self._window[key] = entry
         self._keys.order.append(key)
-        return await self._own(entry, self._append_one(key, entry, message, call_next))
+        return await self._own(entry, self._appends.append_one(key, entry, message, call_next))
 
     def do_append_batch(
         self, messages: Sequence[Message], call_next: AppendBatchNext
@@ -234,7 +236,8 @@ class Dedup:
         # A run of new counted keys (a remote producer's append_many): one claim.
         run = self._keys.claim_run(messages, self._bound().last_confirmed_id())
         if run is not None:
-            return await self._own(run.entry, self._append_run(run, list(messages), call_next))
+            work = self._appends.append_batch(RunClaim(run), list(messages), call_next)
+            return await self._own(run.entry, work)
         # Every message's key in one C loop; None if one has no key or a NUL in its vchannel.
         keys = cast("list[Key | None] | None", window_keys(messages))
         if keys is None:
@@ -244,8 +247,9 @@ class Dedup:
             ]
         if None not in keys:  # the usual batch: keyed, every key new
             entry = Entry(self._bound().last_confirmed_id(), False)
-            if self._claim_new(cast("list[Key]", keys), entry):
-                work = self._append_batch(keys, entry, list(messages), call_next)
+            claim = TableClaim(cast("list[Key]", keys), entry)
+            if self._claim_new(claim.keys, entry):
+                work = self._appends.append_batch(claim, list(messages), call_next)
                 return await self._own(entry, work)
         held: list[Key] = []  # the keys waited on, held from eviction until read below
         try:
@@ -321,8 +325,12 @@ class Dedup:
             claimed.append(key)
         if not batch:
             return [a for a in answers if isinstance(a, AppendResult)]  # every key was settled
-        self._keys.order.extend(k for k in claimed if k is not None)
-        appended = await self._own(entry, self._append_batch(claimed, entry, batch, call_next))
+        keys_claimed = [k for k in claimed if k is not None]
+        self._keys.order.extend(keys_claimed)
+        claim = TableClaim(keys_claimed, entry)
+        appended = await self._own(
+            entry, self._appends.append_batch(claim, batch, call_next, claimed)
+        )
         if len(batch) == len(messages):
             return appended
         return [appended[a] if isinstance(a, int) else a for a in answers]
@@ -345,15 +353,15 @@ class Dedup:
         # The appends of one remote producer's frame: a run of new counted keys, one claim.
         run = self._keys.claim_run(messages, floor)
         if run is not None:
-            return await self._owning(
-                run.entry, self._append_claimed_run(run, list(messages), call_next)
-            )
+            work = self._appends.append_coalesced(RunClaim(run), list(messages), call_next)
+            return await self._owning(run.entry, work)
         entry = Entry(floor, False)
         keys = cast("list[Key] | None", window_keys(messages))  # a message has a key
         if keys is not None and self._claim_new(keys, entry):  # the usual batch: all new
-            return await self._owning(
-                entry, self._append_claimed(keys, entry, list(messages), call_next)
+            work = self._appends.append_coalesced(
+                TableClaim(keys, entry), list(messages), call_next
             )
+            return await self._owning(entry, work)
         window = self._window
         get = self._keys.get  # the table's keys and the runs'
         batch: list[Message] = []
@@ -383,7 +391,8 @@ class Dedup:
         if not batch:
             return [None if isinstance(a, int) else a for a in others.values()]
         self._keys.order.extend(claimed)
-        outcomes = await self._owning(entry, self._append_claimed(claimed, entry, batch, call_next))
+        work = self._appends.append_coalesced(TableClaim(claimed, entry), batch, call_next)
+        outcomes = await self._owning(entry, work)
         if not others:
             return outcomes  # the usual batch: every key was new
         answered: list[AppendResult | Exception | None] = []
@@ -416,49 +425,6 @@ class Dedup:
             owner.set_result(None)
             entry.drop_owner(owner)
 
-    async def _append_claimed(
-        self, claimed: list[Key], entry: Entry, batch: list[Message], call_next: AppendBatchNext
-    ) -> Sequence[AppendResult | Exception | None]:
-        """Append ``batch``, the messages of the keys ``claimed`` under ``entry``, and
-        settle each key from its outcome; return what each message's caller gets: its
-        result, its error, or None (the batch was refused as too large: each message
-        tries again alone, so that only that one fails)."""
-        try:
-            appended = await _append_whole(batch, call_next)
-        except AppendOutcomeUnknown as exc:
-            return await self._lookup.resolve_all(claimed, entry, exc)
-        except MessageTooLarge:
-            self._keys.release_all(claimed, entry)  # nothing was written
-            return [None] * len(claimed)
-        except BaseException as exc:
-            self._keys.release_all(claimed, entry)  # nothing was written
-            if not isinstance(exc, Exception):
-                raise
-            return [exc] * len(claimed)
-        self._keys.settle_all(claimed, entry, appended)
-        return appended
-
-    async def _append_claimed_run(
-        self, run: Run, batch: list[Message], call_next: AppendBatchNext
-    ) -> Sequence[AppendResult | Exception | None]:
-        """``_append_claimed`` for a batch whose keys are ``run``: settled as one, split
-        into the table to be resolved key by key if the outcome is unknown, released if
-        nothing was written."""
-        try:
-            appended = await _append_whole(batch, call_next)
-        except AppendOutcomeUnknown as exc:
-            return await self._lookup.resolve_all(self._keys.split_run(run), run.entry, exc)
-        except MessageTooLarge:
-            self._keys.release_run(run)  # nothing was written: each tries again alone
-            return [None] * len(batch)
-        except BaseException as exc:
-            self._keys.release_run(run)  # nothing was written
-            if not isinstance(exc, Exception):
-                raise
-            return [exc] * len(batch)
-        self._keys.settle_run(run, appended)
-        return appended
-
     # -- owners: the appends that settle keys ---------------------------------------------
 
     async def _own(self, entry: Entry, work: Awaitable[_T]) -> _T:
@@ -470,82 +436,6 @@ class Dedup:
         owner.add_done_callback(entry.drop_owner)
         owner.add_done_callback(_collect)  # its caller may be gone
         return await asyncio.shield(owner)
-
-    async def _append_one(
-        self, key: Key, entry: Entry, message: Message, call_next: AppendNext
-    ) -> AppendResult:
-        try:
-            result = await call_next(message)
-        except AppendOutcomeUnknown as exc:
-            return await self._lookup.resolve(key, entry, exc)
-        except BaseException:
-            self._keys.release(key, entry)  # nothing was written
-            raise
-        self._keys.settle_all((key,), entry, (result,))
-        return result
-
-    async def _append_batch(
-        self,
-        claimed: list[Key | None],
-        entry: Entry,
-        batch: list[Message],
-        call_next: AppendBatchNext,
-    ) -> list[AppendResult]:
-        """Append ``batch`` (of ``WAL.append_many``) whole, and settle the keys of its
-        messages (``claimed``, under ``entry``: None for a message without a key)."""
-        keys = [k for k in claimed if k is not None]
-        try:
-            appended = await call_next(batch)
-        except AppendOutcomeUnknown as exc:
-            return await self._resolve_batch(claimed, keys, entry, exc)
-        except BaseException:
-            self._keys.release_all(keys, entry)  # nothing was written
-            raise
-        if len(keys) == len(claimed):
-            self._keys.settle_all(keys, entry, appended)
-        else:
-            self._keys.settle_all(
-                keys, entry, [r for k, r in zip(claimed, appended, strict=True) if k is not None]
-            )
-        return appended
-
-    async def _append_run(
-        self, run: Run, batch: list[Message], call_next: AppendBatchNext
-    ) -> list[AppendResult]:
-        """``_append_batch`` for a batch whose keys are ``run``: settled as one, or split
-        into the table to be resolved key by key if the outcome is unknown."""
-        try:
-            appended = await _append_whole(batch, call_next)
-        except AppendOutcomeUnknown as exc:
-            keys = self._keys.split_run(run)
-            return await self._resolve_batch(keys, keys, run.entry, exc)
-        except BaseException:
-            self._keys.release_run(run)  # nothing was written
-            raise
-        self._keys.settle_run(run, appended)
-        return appended
-
-    async def _resolve_batch(
-        self,
-        claimed: Sequence[Key | None],
-        keys: Sequence[Key],
-        entry: Entry,
-        error: AppendOutcomeUnknown,
-    ) -> list[AppendResult]:
-        """The results of a batch whose append ended in ``error``, if the log shows that
-        every keyed message of it landed (``claimed``: each message's key, or None;
-        ``keys``: the keys, under ``entry``). Each key is looked up in the log: found
-        ones are settled, the rest released, and ``error`` is raised (a retry appends
-        what is missing and is answered for the rest); if the log cannot be read, the
-        keys stay blocked and that is raised."""
-        resolved = iter(await self._lookup.resolve_all(keys, entry, error))
-        found = [None if key is None else next(resolved) for key in claimed]
-        for outcome in found:
-            if isinstance(outcome, Exception) and outcome is not error:
-                raise outcome from error  # the log could not be read: the keys stay blocked
-        if any(not isinstance(outcome, AppendResult) for outcome in found):
-            raise error
-        return [r for r in found if isinstance(r, AppendResult)]
 
     # -- looking keys up ------------------------------------------------------------------
 
@@ -631,18 +521,6 @@ class Dedup:
             await asyncio.wait((rebuild,))
         if self._owners:
             await asyncio.wait(list(self._owners))
-
-
-async def _append_whole(batch: list[Message], call_next: AppendBatchNext) -> list[AppendResult]:
-    """``call_next(batch)``: a result per message, or ``AppendOutcomeUnknown`` if the chain
-    returned another count (what of the batch landed is not known)."""
-    appended = await call_next(batch)
-    if len(appended) != len(batch):
-        raise AppendOutcomeUnknown(
-            f"the interceptor chain returned {len(appended)} results for a batch of"
-            f" {len(batch)} appends; they may or may not be in the log"
-        )
-    return appended
 
 
 def _copy(error: BaseException, note: str) -> WALError:
