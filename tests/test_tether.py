@@ -4,6 +4,7 @@ a starter process is killed with SIGKILL, and /proc says who is still alive."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,10 +20,11 @@ from walsvc.testing._tether import tethered
 ROOT = Path(__file__).resolve().parent.parent
 
 # A starter: starts `sleep <marker>` tethered (from a thread that then ends, when asked:
-# PR_SET_PDEATHSIG alone would kill the program then), prints the program's pid, then
-# waits to be killed.
+# PR_SET_PDEATHSIG alone would kill the program then; or from the main thread, then
+# forks a child that lives on, when asked), prints the program's pid, then waits to be
+# killed.
 _STARTER = r"""
-import subprocess, sys, threading, time
+import os, subprocess, sys, threading, time
 from walsvc.testing._tether import tethered
 marker, from_thread = sys.argv[1], sys.argv[2] == "thread"
 started = []
@@ -35,14 +37,17 @@ if from_thread:
     thread.join()
 else:
     start()
+if sys.argv[2] == "fork" and os.fork() == 0:  # a child that outlives its parent
+    time.sleep(30)
+    os._exit(0)
 print(started[0].pid, flush=True)
 time.sleep(600)
 """
 
 
-def _alive_with(marker: str, but: int = 0) -> list[int]:
-    """The pids of live (not zombie) processes whose command line holds ``marker``, but
-    ``but``."""
+def _alive_with(marker: str) -> list[int]:
+    """The pids of live (not zombie) processes whose command line holds ``marker``: a
+    program and its watcher, not a starter (or its forked child)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -52,14 +57,15 @@ def _alive_with(marker: str, but: int = 0) -> list[int]:
             state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             continue
-        if marker.encode() in command and state not in ("Z", "X") and int(entry.name) != but:
+        starter = b"import tethered" in command
+        if marker.encode() in command and state not in ("Z", "X") and not starter:
             pids.append(int(entry.name))
     return pids
 
 
-def _wait_until_none_alive(marker: str, but: int = 0, within: float = 10.0) -> list[int]:
+def _wait_until_none_alive(marker: str, within: float = 10.0) -> list[int]:
     deadline = time.monotonic() + within
-    while (alive := _alive_with(marker, but)) and time.monotonic() < deadline:
+    while (alive := _alive_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return alive
 
@@ -69,7 +75,7 @@ def _marker() -> str:
     return f"{1000 + uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6:06d}"
 
 
-@pytest.mark.parametrize("started_from", ["main thread", "thread"])
+@pytest.mark.parametrize("started_from", ["main thread", "thread", "main thread, then fork"])
 @pytest.mark.parametrize("paused", [False, True], ids=["running", "paused"])
 def test_a_tethered_program_dies_with_the_process_that_started_it(
     started_from: str, paused: bool
@@ -77,6 +83,7 @@ def test_a_tethered_program_dies_with_the_process_that_started_it(
     marker = _marker()
     starter = subprocess.Popen(
         [sys.executable, "-c", _STARTER, marker, started_from.split()[-1]],
+        start_new_session=True,  # its forked child too is killed at the end (killpg)
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -85,16 +92,17 @@ def test_a_tethered_program_dies_with_the_process_that_started_it(
     try:
         program = int(starter.stdout.readline())
         time.sleep(0.2)  # the starter's thread, if any, has ended: the program lives on
-        alive = _alive_with(marker, but=starter.pid)
+        alive = _alive_with(marker)
         assert program in alive
         assert len(alive) == 2  # the program and its watcher
         if paused:
             os.kill(program, signal.SIGSTOP)
         starter.kill()  # no teardown, as a crashed pytest worker
         starter.wait()
-        assert _wait_until_none_alive(marker) == []
+        assert _wait_until_none_alive(marker) == []  # though a child of it lives
     finally:
-        starter.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(starter.pid, signal.SIGKILL)
         starter.wait()
         starter.stdout.close()
         for pid in _alive_with(marker):

@@ -58,18 +58,35 @@ os.execvp(command[0], command)
 """
 
 _lock = threading.Lock()
-_read_end: int | None = None
+#: This process's tether pipe (read end, write end), made on first use.
+_pipe: tuple[int, int] | None = None
 
 
 def _pipe_read_end() -> int:
-    """The read end of this process's tether pipe, made on first use. The write end
-    stays open, unwritten, until the process dies; both ends are non-inheritable, so
-    only the children given the read end (``pass_fds``) hold it."""
-    global _read_end
+    """The read end of this process's tether pipe. The write end stays open, unwritten,
+    until the process dies; both ends are non-inheritable, so only the children given
+    the read end (``pass_fds``) hold it."""
+    global _pipe
     with _lock:
-        if _read_end is None:
-            _read_end, _write_end = os.pipe()  # the write end is kept open by leaking it
-        return _read_end
+        if _pipe is None:
+            _pipe = os.pipe()
+        return _pipe[0]
+
+
+def _forget_parents_pipe() -> None:
+    """In a child forked without exec: its copy of the parent's write end would keep
+    the parent's programs alive after the parent died; close it, and tether this
+    process's own programs to a pipe of its own."""
+    global _lock, _pipe
+    _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+    if _pipe is not None:
+        for fd in _pipe:
+            os.close(fd)
+        _pipe = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parents_pipe)
 
 
 def tethered(argv: Sequence[str]) -> tuple[list[str], tuple[int, ...]]:
