@@ -5,7 +5,6 @@ replacement of a reader that stops delivering, by tail reads, writers and scanne
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from collections.abc import AsyncIterator
 from types import ModuleType
@@ -40,28 +39,17 @@ __all__ = ("broker",)
 
 
 class _NoAsyncReceive:
-    """The C reader, except that an asynchronous receive fails the test (the order of
-    what it delivers is not guaranteed), and so does a pop that waits or runs on
-    another thread than the one that made the reader, the event loop's (a pop inside
-    pulsar-client on a thread of walsvc's own crashed processes: see
-    ``walsvc.backends._pulsar._reader``)."""
+    """The C reader, except that an asynchronous receive fails the test: the order of
+    what it delivers is not guaranteed (see ``walsvc.backends._pulsar._reader``)."""
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
-        self._thread = threading.get_ident()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
 
     def read_next_async(self, callback: Any) -> None:
         raise AssertionError("OrderedReader used the client's asynchronous receive")
-
-    def read_next(self, timeout_millis: int) -> Any:
-        if threading.get_ident() != self._thread:
-            raise AssertionError("OrderedReader popped its reader on another thread")
-        if timeout_millis != 0:
-            raise AssertionError(f"OrderedReader waited in a pop ({timeout_millis} ms)")
-        return self._raw.read_next(timeout_millis)
 
 
 @pytest.fixture
@@ -136,7 +124,7 @@ async def test_a_reader_at_the_end_wakes_for_the_next_message(
     producer, reader = at_the_end
     async with asyncio.timeout(HANG):
         waiting = asyncio.create_task(reader.next_batch())
-        await asyncio.sleep(0.5)  # past the short sleeps: it polls at its slowest
+        await asyncio.sleep(0.5)  # longer than one blocking pop: it waits again
         assert not waiting.done()
         await producer.send(b"second")
         assert [m.data() for _, m in await waiting] == [b"second"]
@@ -147,12 +135,14 @@ async def test_a_cancelled_read_loses_nothing(
 ) -> None:
     producer, reader = at_the_end
     async with asyncio.timeout(HANG):
-        for _ in range(3):  # each cancelled while it sleeps between pops
+        for _ in range(3):  # each cancelled while its worker waits for a message
             waiting = asyncio.create_task(reader.next_batch())
             await asyncio.sleep(0.05)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
+        with pytest.raises(RuntimeError, match="cancelled read"):
+            await reader.has_message_available()
         await producer.send(b"second")
         assert [m.data() for _, m in await reader.next_batch()] == [b"second"]
         assert not await reader.has_message_available()
@@ -161,8 +151,8 @@ async def test_a_cancelled_read_loses_nothing(
 async def test_a_quiet_reader_says_whether_it_owes_messages(
     at_the_end: tuple[pulsar_asyncio.Producer, OrderedReader],
 ) -> None:
-    """``owes_messages`` after a cancelled read: False at the end of the topic, True
-    once a message waits undelivered (in the reader's queue or on the broker)."""
+    """``owes_messages`` lets a wait left by a cancelled read finish, then asks the
+    broker: False at the end of the topic, True once a message waits undelivered."""
     producer, reader = at_the_end
     async with asyncio.timeout(HANG):
         waiting = asyncio.create_task(reader.next_batch())
@@ -192,17 +182,17 @@ async def test_closing_ends_a_waiting_read_at_once(
 async def test_a_close_whose_caller_gives_up_goes_on_and_the_client_waits_for_it(
     topic_client: tuple[pulsar_asyncio.Client, str],
 ) -> None:
-    """A close whose caller is cancelled at once still closes the reader, and the
-    client's creations (awaited before the client closes) wait for it. The read waiting
-    meanwhile pops no more: it ends with ``WALClosed``."""
+    """A close cancelled while it waits for the reader's pop in a worker still closes
+    the reader, and the client's creations (awaited before the client closes) wait for
+    it: else the client's close would race that pop. The read waiting meanwhile starts
+    no new pop: it ends with ``WALClosed``."""
     client, topic = topic_client
     creations = Creations("the test's client")
     made = await client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=10)
-    made._reader = _NoAsyncReceive(made._reader)
     reader = OrderedReader(made, creations=creations)
     async with asyncio.timeout(HANG):
         waiting = asyncio.create_task(reader.next_batch())
-        await asyncio.sleep(0.4)  # quiet: polling at its slowest
+        await asyncio.sleep(0.4)  # past the short pops: one of 200 ms is in flight
         closing = asyncio.create_task(reader.close())
         await asyncio.sleep(0)
         closing.cancel()
@@ -211,7 +201,7 @@ async def test_a_close_whose_caller_gives_up_goes_on_and_the_client_waits_for_it
         await creations.aclose(HANG)
         assert creations.in_flight == 0
         with pytest.raises(pulsar.AlreadyClosed):
-            made._reader._raw.read_next(0)
+            made._reader.read_next(0)
         with pytest.raises(walsvc.WALClosed):
             await waiting
         await reader.close()  # again: the same close, done

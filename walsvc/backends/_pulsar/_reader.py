@@ -12,24 +12,16 @@ re-delivery, so N would be lost to the scan (seen once in about 15 runs of the P
 conformance test, with a scanner that keeps up with its writer).
 
 ``OrderedReader`` never registers an asynchronous receive. It pops the receiver queue
-synchronously, on the event loop only: what is already queued (about 2 us a message, the
-GIL released), and, when the queue is empty, again after a short sleep that grows while
-the reader stays quiet (1, 2, 5, 10, then 20 ms). Messages then leave in exactly the
-order the client's I/O thread queued them.
-
-No pop ever runs on a thread of walsvc's own. Blocking pops in worker threads (walsvc
-until 2026-11-30) ran inside pulsar-client while the event loop's thread made other calls
-into it (a close, a creation, a subscription), and processes crashed with a corrupted
-heap now and then: SIGABRT or SIGSEGV in ``make test`` while the machine was loaded, at
-most a few times in a hundred runs of the Pulsar modules and never with a
-reproducible culprit. A close that waited for the pop cut that rate but did not end it.
-Polling costs a quiet reader 50 wake-ups a second of a few microseconds each, and a
-message that arrives while its reader is quiet waits up to 20 ms more.
+synchronously: on the event loop, what is already queued (about 2 us a message, the GIL
+released); in a worker thread, blocking, when the queue is empty. Messages then leave in
+exactly the order the client's I/O thread queued them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, final
 
 import pulsar
@@ -45,14 +37,33 @@ __all__ = ("OrderedReader", "redeliveries_dropped")
 
 #: The most messages one ``next_batch`` returns (the readers' receiver queue size).
 BATCH: Final = 1000
-#: How long a reader whose queue is empty sleeps before it pops again, one after
-#: another while it stays quiet (seconds); the last is the most a message that arrives
-#: meanwhile waits for it.
-_QUIET_SLEEPS: Final = (0.001, 0.002, 0.005, 0.01, 0.02)
+#: How long the blocking pops of a quiet reader in a worker thread wait, one after
+#: another, before each returns empty-handed (and the event loop starts the next). A close
+#: waits for the pop in flight (see ``OrderedReader.close``), so the first waits after
+#: messages are short: a reader closed soon after it went quiet (a probe of a seek, a
+#: replaced reader) closes within milliseconds. The last is the longest a worker stays
+#: with one reader.
+_WAITS_MS: Final = (10, 20, 50, 100, 200)
+#: Worker threads shared by every waiting reader of the process. A reader waits in one
+#: only while its queue is empty; with more readers than this waiting at once, each gets
+#: a worker in turn (for up to 200 ms at a time).
+_WORKERS: Final = 64
 
 #: Messages a reader delivered again (ids not above the previous one) and that were
 #: dropped; Pulsar Lite re-sends ranges of entries to a reader now and then.
 redeliveries_dropped = 0
+
+_executor: ThreadPoolExecutor | None = None
+_executor_pid = 0
+
+
+def _waiters() -> ThreadPoolExecutor:
+    """The process's worker threads for blocking pops (made anew in a forked child)."""
+    global _executor, _executor_pid
+    if _executor is None or _executor_pid != os.getpid():
+        _executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="walsvc-pulsar-read")
+        _executor_pid = os.getpid()
+    return _executor
 
 
 def _pop_queued(raw: Any, limit: int) -> list[Any]:
@@ -66,8 +77,19 @@ def _pop_queued(raw: Any, limit: int) -> list[Any]:
     return out
 
 
+def _wait_for_messages(raw: Any, wait_ms: int) -> list[Any]:
+    """In a worker thread: block (up to ``wait_ms``) for the next message of ``raw``,
+    then take whatever else it holds. Empty if nothing came."""
+    try:
+        first = raw.read_next(wait_ms)
+    except pulsar.Timeout:
+        return []
+    return [first, *_pop_queued(raw, BATCH - 1)]
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Mark the outcome of a close nobody awaits any more as seen."""
+    """Mark the outcome of an abandoned wait or close as seen (a wait fails once the
+    reader closes)."""
     if not future.cancelled():
         future.exception()
 
@@ -87,9 +109,10 @@ class OrderedReader:
         "_closing",
         "_creations",
         "_last",
-        "_quiet",
+        "_quiet_waits",
         "_raw",
         "_reader",
+        "_waiting",
         "inclusive",
         "start",
     )
@@ -107,9 +130,11 @@ class OrderedReader:
         self.inclusive = inclusive
         self._raw: Any = reader._reader  # the C reader under pulsar.asyncio's
         self._last: PulsarMessageId | None = None
-        #: Pops that found the queue empty since the last message (the index in
-        #: _QUIET_SLEEPS).
-        self._quiet = 0
+        #: A blocking pop running in a worker; a cancelled ``next_batch`` leaves it for
+        #: the next call, so what it pops is not lost.
+        self._waiting: asyncio.Future[list[Any]] | None = None
+        #: Pops that came back empty since the last message (the index in _WAITS_MS).
+        self._quiet_waits = 0
         self._creations = creations
         self._closing: asyncio.Future[None] | None = None
 
@@ -124,23 +149,37 @@ class OrderedReader:
 
     async def next_batch(self) -> list[tuple[PulsarMessageId, Any]]:
         """The next messages (at most ``BATCH``) with their ids: every message already
-        queued, or, when none is, those queued by the first pop that finds some. Empty
-        only if every message that came was a re-delivery (so a caller reading to a
-        bound can look at ``has_message_available`` again). Pulsar errors are translated
-        (``WALClosed`` once the reader is closed or closing). Cancelling it loses no
-        message: nothing is popped while it sleeps."""
-        while True:
+        queued, or, when none is, the first to arrive and what came with it. Empty only
+        if every message that came was a re-delivery (so a caller reading to a bound can
+        look at ``has_message_available`` again). Pulsar errors are translated
+        (``WALClosed`` once the reader is closed, or closing: no pop starts then, so none
+        races the close). Cancelling it loses no message."""
+        messages: list[Any] = []
+        while not messages:
             if self._closing is not None:
                 raise WALClosed(f"the reader of {self.topic()} is closed")
+            if self._waiting is None:
+                try:
+                    messages = _pop_queued(self._raw, BATCH)
+                except PULSAR_ERRORS as exc:
+                    raise translate(exc, f"reading {self.topic()} failed") from exc
+                if messages:
+                    break
+                wait_ms = _WAITS_MS[min(self._quiet_waits, len(_WAITS_MS) - 1)]
+                self._waiting = asyncio.get_running_loop().run_in_executor(
+                    _waiters(), _wait_for_messages, self._raw, wait_ms
+                )
+            waiting = self._waiting
             try:
-                messages = _pop_queued(self._raw, BATCH)
+                messages = await asyncio.shield(waiting)
             except PULSAR_ERRORS as exc:
                 raise translate(exc, f"reading {self.topic()} failed") from exc
-            if messages:
-                self._quiet = 0
-                return self._fresh(messages)
-            await asyncio.sleep(_QUIET_SLEEPS[min(self._quiet, len(_QUIET_SLEEPS) - 1)])
-            self._quiet += 1
+            finally:
+                if waiting.done():
+                    self._waiting = None
+            self._quiet_waits += not messages
+        self._quiet_waits = 0
+        return self._fresh(messages)
 
     def _fresh(self, messages: list[Any]) -> list[tuple[PulsarMessageId, Any]]:
         global redeliveries_dropped
@@ -158,8 +197,11 @@ class OrderedReader:
 
     async def has_message_available(self) -> bool:
         """Whether the topic holds a message after the last one ``next_batch`` returned
-        (queued in the reader, or, if none is, on the broker: the client asks it).
-        Pulsar errors are translated."""
+        (the client asks the broker if none is queued). Only between reads: a wait left
+        by a cancelled ``next_batch`` may be holding that message, so with one
+        outstanding this raises ``RuntimeError``."""
+        if self._waiting is not None:
+            raise RuntimeError("has_message_available while a cancelled read still waits")
         try:
             return bool(await call_async(self._raw.has_message_available_async))
         except PULSAR_ERRORS as exc:
@@ -167,24 +209,40 @@ class OrderedReader:
 
     async def owes_messages(self) -> bool:
         """Whether the topic holds a message after the last one ``next_batch`` returned
-        that this reader has yet to return (for a reader that has been quiet):
-        ``has_message_available``. Pulsar errors are translated."""
+        that this reader has yet to return (for a reader that has been quiet): a wait
+        left by a cancelled ``next_batch`` is let finish first (at most 200 ms); if
+        it brought messages, the answer is False and they go to the next ``next_batch``.
+        Otherwise the broker is asked (``has_message_available``). Pulsar errors are
+        translated."""
+        waiting = self._waiting
+        if waiting is not None:
+            await asyncio.wait((waiting,))
+            if waiting.exception() is not None or waiting.result():
+                return False  # the next next_batch returns them, or raises
+            self._waiting = None
         return await self.has_message_available()
 
     async def close(self) -> None:
-        """Close the reader. A caller cancelled or timed out meanwhile does not stop the
-        close: it goes on, and the client's close waits for it
-        (``Creations.see_through``). Idempotent: a second call awaits the first's
-        close."""
+        """Close the reader, once a blocking pop in a worker has left the client's code
+        (it returns within its wait, 200 ms at most; what it brought is dropped):
+        pulsar-client's close of a reader races a receive in flight on another thread,
+        and the loser corrupts the heap (SIGABRT or SIGSEGV later, anywhere; seen in
+        ``make test`` while the other worker loaded the machine). A caller cancelled or
+        timed out meanwhile does not stop the close: it goes on, and the client's close
+        waits for it (``Creations.see_through``). Idempotent: a second call awaits the
+        first's close."""
         if self._closing is None:
-            closing = call_async(self._raw.close_async)
+            closing = self._close_after_the_pop()
             if self._creations is not None:
-                self._closing = self._creations.see_through(_closed(closing))
+                self._closing = self._creations.see_through(closing)
             else:
-                self._closing = closing
-                closing.add_done_callback(_retrieve)
+                self._closing = asyncio.ensure_future(closing)
+                self._closing.add_done_callback(_retrieve)
         await asyncio.shield(self._closing)
 
-
-async def _closed(closing: asyncio.Future[Any]) -> None:
-    await closing
+    async def _close_after_the_pop(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.add_done_callback(_retrieve)
+            await asyncio.wait((waiting,))
+        await call_async(self._raw.close_async)
