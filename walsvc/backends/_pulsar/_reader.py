@@ -37,13 +37,14 @@ __all__ = ("OrderedReader", "redeliveries_dropped")
 
 #: The most messages one ``next_batch`` returns (the readers' receiver queue size).
 BATCH: Final = 1000
-#: How long the blocking pops of a quiet reader in a worker thread wait, one after
-#: another, before each returns empty-handed (and the event loop starts the next). A close
-#: waits for the pop in flight (see ``OrderedReader.close``), so the first waits after
-#: messages are short: a reader closed soon after it went quiet (a probe of a seek, a
-#: replaced reader) closes within milliseconds. The last is the longest a worker stays
-#: with one reader.
-_WAITS_MS: Final = (10, 20, 50, 100, 200)
+#: How long one blocking pop in a worker thread waits before it returns empty-handed
+#: (and the event loop starts another): the longest a worker stays with one reader, and
+#: the longest a close waits for it (see ``OrderedReader.close``). Not shorter: pops of
+#: 10 to 100 ms while a reader went quiet (2026-11-30) made closes quick, and the two
+#: clean-clone CI runs with them both lost a worker to the heap corruption described in
+#: ARCHITECTURE.md, against none in the four runs before; too few runs to blame them, but
+#: reason enough not to multiply the pops that time out.
+_WAIT_MS: Final = 200
 #: Worker threads shared by every waiting reader of the process. A reader waits in one
 #: only while its queue is empty; with more readers than this waiting at once, each gets
 #: a worker in turn (for up to 200 ms at a time).
@@ -77,11 +78,11 @@ def _pop_queued(raw: Any, limit: int) -> list[Any]:
     return out
 
 
-def _wait_for_messages(raw: Any, wait_ms: int) -> list[Any]:
-    """In a worker thread: block (up to ``wait_ms``) for the next message of ``raw``,
+def _wait_for_messages(raw: Any) -> list[Any]:
+    """In a worker thread: block (up to ``_WAIT_MS``) for the next message of ``raw``,
     then take whatever else it holds. Empty if nothing came."""
     try:
-        first = raw.read_next(wait_ms)
+        first = raw.read_next(_WAIT_MS)
     except pulsar.Timeout:
         return []
     return [first, *_pop_queued(raw, BATCH - 1)]
@@ -109,7 +110,6 @@ class OrderedReader:
         "_closing",
         "_creations",
         "_last",
-        "_quiet_waits",
         "_raw",
         "_reader",
         "_waiting",
@@ -133,8 +133,6 @@ class OrderedReader:
         #: A blocking pop running in a worker; a cancelled ``next_batch`` leaves it for
         #: the next call, so what it pops is not lost.
         self._waiting: asyncio.Future[list[Any]] | None = None
-        #: Pops that came back empty since the last message (the index in _WAITS_MS).
-        self._quiet_waits = 0
         self._creations = creations
         self._closing: asyncio.Future[None] | None = None
 
@@ -165,9 +163,8 @@ class OrderedReader:
                     raise translate(exc, f"reading {self.topic()} failed") from exc
                 if messages:
                     break
-                wait_ms = _WAITS_MS[min(self._quiet_waits, len(_WAITS_MS) - 1)]
                 self._waiting = asyncio.get_running_loop().run_in_executor(
-                    _waiters(), _wait_for_messages, self._raw, wait_ms
+                    _waiters(), _wait_for_messages, self._raw
                 )
             waiting = self._waiting
             try:
@@ -177,8 +174,6 @@ class OrderedReader:
             finally:
                 if waiting.done():
                     self._waiting = None
-            self._quiet_waits += not messages
-        self._quiet_waits = 0
         return self._fresh(messages)
 
     def _fresh(self, messages: list[Any]) -> list[tuple[PulsarMessageId, Any]]:
