@@ -317,6 +317,51 @@ async def test_a_coalesced_run_that_fails_keeps_each_promise(fault: str) -> None
     assert [where[k] for k in keys] == [r.message_id for r in retried]
 
 
+class _LosesALastResultOnce:
+    """An interceptor whose first batch is written whole but answered with one result
+    too few: the chain's answer does not say what of the batch landed."""
+
+    def __init__(self) -> None:
+        self.lost = False
+
+    async def do_append(self, message: Message, call_next: AppendNext) -> AppendResult:
+        return await call_next(message)
+
+    async def do_append_batch(
+        self, messages: Sequence[Message], call_next: AppendBatchNext
+    ) -> list[AppendResult]:
+        results = await call_next(messages)
+        if not self.lost:
+            self.lost = True
+            return results[:-1]
+        return results
+
+
+@pytest.mark.parametrize("keys_form", ["run", "table"])
+@pytest.mark.parametrize("how", ["append_many", "concurrent appends"])
+async def test_a_batch_answered_with_a_wrong_count_is_resolved_from_the_log(
+    keys_form: str, how: str
+) -> None:
+    """A batch whose chain returns a result too few (a broken interceptor) is treated as
+    an append of unknown outcome: its keys are looked up in the log, where every message
+    landed, so each caller gets its message's result; retries append nothing."""
+    keys = _remote_keys(1, 8) if keys_form == "run" else [uuid.uuid4().hex for _ in range(8)]
+    async with await walsvc.open_wal(
+        f"memory://runs-{uuid.uuid4().hex[:8]}", "p0", interceptors=_chain(_LosesALastResultOnce())
+    ) as wal:
+        await wal.wait_ready()
+        await member(wal, Dedup).wait_rebuilt()
+        if how == "append_many":
+            first = await wal.append_many(_batch(keys))
+        else:
+            first = list(await asyncio.gather(*(wal.append(m) for m in _batch(keys))))
+        assert await wal.append_many(_batch(keys)) == first
+        log = await log_of(wal)
+    where = {m.idempotency_key: m.message_id for m in log}
+    assert [k for _, k in _keyed(log)] == keys  # each once
+    assert [where[k] for k in keys] == [r.message_id for r in first]
+
+
 #: ``WALSVC_SOAK=N`` (``make soak``): N times the random schedule's seeds.
 SOAK = int(os.environ.get("WALSVC_SOAK", "1"))
 #: What the random schedule adds to a message's vchannel: mostly nothing.

@@ -39,15 +39,12 @@ __all__ = ("OrderedReader", "redeliveries_dropped")
 BATCH: Final = 1000
 #: How long one blocking pop in a worker thread waits before it returns empty-handed
 #: (and the event loop starts another): the longest a worker stays with one reader, and
-#: the longest a close waits for it (see ``OrderedReader.close``). Not shorter: pops of
-#: 10 to 100 ms while a reader went quiet (2026-11-30) made closes quick, and the two
-#: clean-clone CI runs with them both lost a worker to the heap corruption described in
-#: ARCHITECTURE.md, against none in the four runs before; too few runs to blame them, but
-#: reason enough not to multiply the pops that time out.
+#: the longest a close waits for it (see ``OrderedReader.close``). Not shorter: see
+#: ARCHITECTURE.md, "The Pulsar read path", for the runs with shorter pops.
 _WAIT_MS: Final = 200
 #: Worker threads shared by every waiting reader of the process. A reader waits in one
 #: only while its queue is empty; with more readers than this waiting at once, each gets
-#: a worker in turn (for up to 200 ms at a time).
+#: a worker in turn (for up to ``_WAIT_MS`` at a time).
 _WORKERS: Final = 64
 
 #: Messages a reader delivered again (ids not above the previous one) and that were
@@ -205,7 +202,7 @@ class OrderedReader:
     async def owes_messages(self) -> bool:
         """Whether the topic holds a message after the last one ``next_batch`` returned
         that this reader has yet to return (for a reader that has been quiet): a wait
-        left by a cancelled ``next_batch`` is let finish first (at most 200 ms); if
+        left by a cancelled ``next_batch`` is let finish first (at most ``_WAIT_MS``); if
         it brought messages, the answer is False and they go to the next ``next_batch``.
         Otherwise the broker is asked (``has_message_available``). Pulsar errors are
         translated."""
@@ -219,7 +216,7 @@ class OrderedReader:
 
     async def close(self) -> None:
         """Close the reader, once a blocking pop in a worker has left the client's code
-        (it returns within its wait, 200 ms at most; what it brought is dropped):
+        (it returns within ``_WAIT_MS``; what it brought is dropped):
         pulsar-client's close of a reader races a receive in flight on another thread,
         and the loser corrupts the heap (SIGABRT or SIGSEGV later, anywhere; seen in
         ``make test`` while the other worker loaded the machine). A caller cancelled or
