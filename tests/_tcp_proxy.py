@@ -1,7 +1,9 @@
 """A TCP proxy between clients and a node, in the test's event loop, that breaks
 connections the way networks do: ``cut`` resets every connection, ``hold`` stops
 forwarding one direction (or both: a half-open link) on the connections open now,
-``refuse`` turns new connections away, ``retarget`` points it at a restarted node."""
+``hold_new_after`` stops one direction of the next connections after their first reads
+(a peer that answered one request and then stalls), ``refuse`` turns new connections
+away, ``retarget`` points it at a restarted node."""
 
 from __future__ import annotations
 
@@ -20,11 +22,26 @@ class _Pair:
         self.client = client
         self.node = node
         self.tasks: list[asyncio.Task[None]] = []
+        self.forwarded: dict[Direction, int] = {"up": 0, "down": 0}  # reads passed on
+        self.hold_after: tuple[Direction, int] | None = None
+        self.closed = asyncio.Event()
+        self._moved = asyncio.Condition()
         self.gates = {"up": asyncio.Event(), "down": asyncio.Event()}
         for gate in self.gates.values():
             gate.set()
 
+    async def until_forwarded(self, direction: Direction, reads: int) -> None:
+        """Wait until ``reads`` reads of ``direction`` went through."""
+        async with self._moved:
+            await self._moved.wait_for(lambda: self.forwarded[direction] >= reads)
+
+    async def passed_on(self, direction: Direction) -> None:
+        async with self._moved:
+            self.forwarded[direction] += 1
+            self._moved.notify_all()
+
     def abort(self) -> None:
+        self.closed.set()
         for writer in (self.client, self.node):
             writer.transport.abort()
         for task in self.tasks:
@@ -38,6 +55,8 @@ class TcpProxy:
         self.target = target
         self.refusing = False
         self.accepted = 0
+        self.stalled = asyncio.Event()
+        self._hold_new: tuple[Direction, int] | None = None
         self._pairs: set[_Pair] = set()
         self._server: asyncio.Server | None = None
 
@@ -70,6 +89,15 @@ class TcpProxy:
             for direction in directions:
                 pair.gates[direction].clear()
 
+    def hold_new_after(self, direction: Direction, reads: int) -> None:
+        """On connections accepted from now on, stop forwarding ``direction`` once
+        ``reads`` reads of it went through, until ``release``; ``stalled`` is set then."""
+        self._hold_new = (direction, reads)
+
+    def open_pairs(self) -> list[_Pair]:
+        """The connections open now."""
+        return list(self._pairs)
+
     def release(self) -> None:
         for pair in self._pairs:
             for gate in pair.gates.values():
@@ -86,6 +114,7 @@ class TcpProxy:
             return
         self.accepted += 1
         pair = _Pair(writer, node_writer)
+        pair.hold_after = self._hold_new
         self._pairs.add(pair)
         loop = asyncio.get_running_loop()
         pair.tasks = [
@@ -111,6 +140,10 @@ class TcpProxy:
                     break
                 writer.write(data)
                 await writer.drain()
+                await pair.passed_on(direction)
+                if pair.hold_after == (direction, pair.forwarded[direction]):
+                    gate.clear()
+                    self.stalled.set()
         except (OSError, asyncio.CancelledError):
             pass
         finally:

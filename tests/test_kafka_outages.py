@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from _tansu import HANG, fresh, paused_broker, servers, tansu_url
+from _tcp_proxy import TcpProxy
 from aiokafka.admin import AIOKafkaAdminClient
 
 import walsvc
@@ -17,6 +19,18 @@ from walsvc.backends._kafka import KafkaBackend
 from walsvc.core._encode import encode
 
 __all__ = ("paused_broker", "tansu_url")
+
+
+@contextlib.asynccontextmanager
+async def proxied_kafka(broker: tuple[str, int]) -> AsyncIterator[tuple[TcpProxy, str]]:
+    """A started proxy in front of ``broker`` and the ``kafka://`` URL through it. Only
+    bootstrap connections pass it: the broker's metadata names its own address."""
+    proxy = TcpProxy(broker)
+    url = (await proxy.start()).replace("walsvc://", "kafka://")
+    try:
+        yield proxy, url
+    finally:
+        await proxy.aclose()
 
 
 def data(label: str) -> Message:
@@ -183,3 +197,28 @@ async def test_opening_a_paused_broker_names_the_bound(paused_broker: Any) -> No
                 )
     finally:
         paused_broker.resume()
+
+
+async def test_a_read_cancelled_while_its_fetcher_asks_for_metadata_leaves_no_connection(
+    tansu_url: str,
+) -> None:
+    """aiokafka's bootstrap holds its first connection in a local variable while it asks
+    for the cluster's metadata; a cancellation there left that connection open (found as
+    an ``Unclosed AIOKafkaConnection`` a later test tripped over). A proxy in front of
+    the broker answers the new connection's first request (ApiVersions) and holds the
+    answer to the second (Metadata); the read is cancelled then."""
+    host, _, port = servers(tansu_url).rpartition(":")
+    async with proxied_kafka((host, int(port))) as (proxy, url):
+        async with asyncio.timeout(HANG), await walsvc.open_wal(url, fresh()) as wal:
+            first = (await wal.append(data("one"))).message_id
+            proxy.hold_new_after("down", 1)
+            scanner = wal.read(DeliverPolicy.start_from(first))
+            read = asyncio.ensure_future(anext(scanner))
+            await proxy.stalled.wait()
+            (held,) = [pair for pair in proxy.open_pairs() if pair.hold_after is not None]
+            await held.until_forwarded("up", 2)  # the Metadata request went up
+            read.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await read
+            await scanner.aclose()
+            await held.closed.wait()  # the client closed its end

@@ -27,6 +27,7 @@ from aiokafka.errors import KafkaError
 
 from walsvc.core._errors import BackendUnavailable
 
+from ._opened import OpenedConnections, opened_connections
 from ._options import KafkaOptions
 
 __all__ = (
@@ -166,23 +167,34 @@ async def start_client(
     while True:
         client = make()
         attempts += 1
-        try:
-            async with asyncio.timeout_at(deadline):
-                await (client.start() if start is None else start(client))
-            return client
-        except (TimeoutError, KafkaError, OSError) as exc:
-            await stop_quietly(client)
-            if isinstance(exc, TimeoutError) or loop.time() + pause >= deadline:
-                raise BackendUnavailable(
-                    f"cannot reach Kafka at {','.join(servers)} ({what}) within"
-                    f" {options.connect_timeout} s (connect_timeout; {attempts}"
-                    f" attempt{'s' if attempts > 1 else ''}): {exc!r}"
-                ) from exc
-        except BaseException:  # cancelled: the client of this attempt is not leaked
-            await stop_quietly(client)
-            raise
+        with opened_connections() as opened:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await (client.start() if start is None else start(client))
+                return client
+            except (TimeoutError, KafkaError, OSError) as exc:
+                await _stop_attempt(client, opened)
+                if isinstance(exc, TimeoutError) or loop.time() + pause >= deadline:
+                    raise BackendUnavailable(
+                        f"cannot reach Kafka at {','.join(servers)} ({what}) within"
+                        f" {options.connect_timeout} s (connect_timeout; {attempts}"
+                        f" attempt{'s' if attempts > 1 else ''}): {exc!r}"
+                    ) from exc
+            except BaseException:  # cancelled: the client of this attempt is not leaked
+                await _stop_attempt(client, opened)
+                raise
         await asyncio.sleep(pause)
         pause = min(pause * 2, _MAX_RETRY_PAUSE)
+
+
+async def _stop_attempt(client: Any, opened: OpenedConnections) -> None:
+    """Stop a client whose start failed or was cancelled, and close every connection
+    its start opened: aiokafka's bootstrap loses track of one it is asking for metadata
+    when a cancellation reaches it there (see ``_opened``)."""
+    try:
+        await stop_quietly(client)
+    finally:
+        opened.close_all()
 
 
 def _inner(client: Any) -> Any:
