@@ -54,8 +54,11 @@ docs: $(VENV)/.test-stamp
 # --max-worker-restart 0: a worker that crashes (a native abort) fails the run at once,
 # naming the test it ran. With restarts, xdist 3.8's loadgroup never hands the rest of
 # that worker's group to the replacement, and the run waits for ever (seen 2026-11-30).
+# A failed run prints the native backtraces of any process that dumped core (.ci/backtraces).
 pytest: $(VENV)/.test-stamp
-	$(VENV)/bin/pytest -n 2 --dist loadgroup --max-worker-restart 0
+	ulimit -c unlimited 2>/dev/null || true; \
+	$(VENV)/bin/pytest -n 2 --dist loadgroup --max-worker-restart 0 \
+	    || { status=$$?; .ci/backtraces; exit $$status; }
 
 # Long fault schedules: the slow tests (crash loops, fault schedules, property tests) with
 # WALSVC_SOAK times their rounds and fresh hypothesis examples. Not part of `make test`.
