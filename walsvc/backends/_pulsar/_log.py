@@ -41,6 +41,9 @@ __all__ = (
 
 #: Seconds a tail read waits for a message it knows exists before it replaces its reader.
 STALL: Final = 5.0
+#: Seconds a read that reached its bound inside a group waits for the rest of it (see
+#: ``ForwardRead``): the rest of a batched entry is already in the client.
+REST_OF_GROUP: Final = 1.0
 #: Entries the first tail read reads back from the last one (then 8x, 64x, ...).
 WINDOW: Final = 16
 #: Seconds a reader, consumer or producer may take to close once its user is being
@@ -224,6 +227,14 @@ class ForwardRead:
     seconds (default ``STALL``) meanwhile (Pulsar Lite was seen to stop serving one that
     still had entries to send) is closed and replaced by a reader that starts right after
     the last message read. ``run`` has no deadline of its own: the caller bounds it.
+
+    At ``through``, a read that stopped inside a group (``Link.leaves_group_open``) does
+    not ask whether more is available: it waits up to ``REST_OF_GROUP`` seconds for the
+    rest, and a log that ends there (a writer that stopped mid-group) ends the read. The
+    answer cannot be trusted there: Pulsar Lite gives a batched entry's last message id
+    with batch index -1, so the client answers from its receiver queue alone, and the
+    rest of an entry its I/O thread is still putting in the queue reads as nothing more
+    (a tail read lost the end of a group that way in 3 of 1000 tries).
     """
 
     def __init__(self, client: Client, topic: str, timeout: float, stall: float = STALL) -> None:
@@ -245,6 +256,7 @@ class ForwardRead:
         """Read from ``start`` (None: the earliest message) to at least ``through``, or
         until ``consume`` returns True."""
         last = None if inclusive else start
+        group_open = False  # more of the last message's group follows it
         reader = await create_reader(
             self._client,
             self._topic,
@@ -253,20 +265,24 @@ class ForwardRead:
         )
         try:
             while True:
+                rest_of_group = group_open and last is not None and last >= through
                 try:
-                    async with asyncio.timeout(self._stall):
-                        if last is not None and last >= through:
+                    async with asyncio.timeout(REST_OF_GROUP if rest_of_group else self._stall):
+                        if not rest_of_group and last is not None and last >= through:
                             if not await reader.has_message_available():
                                 return
                         links = await read_links(reader, lenient=True)
-                except TimeoutError:  # no answer or no message: the reader is stuck
-                    self.stalls += 1
+                except TimeoutError:
+                    if rest_of_group:
+                        return  # the log ends inside a group: its writer stopped there
+                    self.stalls += 1  # no answer or no message: the reader is stuck
                     reader = await reopen(self._client, reader, self._timeout)
                     continue
                 if last is not None:
                     links = [link for link in links if link.id > last]
                 if links:
                     last = links[-1].id
+                    group_open = links[-1].leaves_group_open
                     if consume(links):
                         return
         finally:

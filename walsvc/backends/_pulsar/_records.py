@@ -34,6 +34,7 @@ from ._ids import PulsarMessageId
 
 __all__ = (
     "BARRIER",
+    "SEAL",
     "ChainValidator",
     "Link",
     "data_properties",
@@ -47,6 +48,9 @@ BARRIER: Final = "walsvc.barrier"
 PREV: Final = "walsvc.prev"
 GROUP: Final = "walsvc.grp"
 HEAD: Final = "walsvc.h"
+#: The marker property of a seal: member 0 of a group of two whose member 1 is never
+#: written (see ``_writer``; readers drop seals by the chain rule, not by it).
+SEAL: Final = "walsvc.seal"
 
 _LENGTHS = struct.Struct("<12xH18xI")  # vchannel length at 12, ext length at 32
 _TIMETICK = struct.Struct("<16xQ")
@@ -87,6 +91,14 @@ class Link(NamedTuple):
     data: bytes
     #: For a barrier, its ``walsvc.writer`` property as stored ("" if it has none).
     writer: str = ""
+    #: Whether the message is a seal (it carries ``walsvc.seal``).
+    sealed: bool = False
+
+    @property
+    def leaves_group_open(self) -> bool:
+        """Whether more members of this message's group follow it in a log its writer
+        finished writing (never after a seal, whose group of two stays open for good)."""
+        return self.member < self.members - 1 and not self.sealed
 
     @property
     def timetick(self) -> int:
@@ -117,7 +129,9 @@ def parse(message: Any, message_id: PulsarMessageId) -> Link:
         ) from None
     if len(head) < _HEADER_SIZE or not (0 <= index < count):
         raise CorruptRecord(f"Pulsar message {message_id!r} has a malformed walsvc header")
-    return Link(message_id, False, prev, group, index, count, head, message.data())
+    return Link(
+        message_id, False, prev, group, index, count, head, message.data(), "", SEAL in properties
+    )
 
 
 @functools.lru_cache(maxsize=256)

@@ -19,15 +19,13 @@ from pulsar import _pulsar
 
 from ._client import PULSAR_ERRORS, GroupAcks, result_name, translate
 from ._ids import PulsarMessageId
-from ._records import Link, data_properties, split_envelope
+from ._records import SEAL, Link, data_properties, split_envelope
 
 if TYPE_CHECKING:
     import pulsar.asyncio as pulsar_asyncio
 
-__all__ = ("SEAL", "SLOW_ACKS", "Fenced", "TooBig", "contiguous", "send_group", "send_seal")
+__all__ = ("SLOW_ACKS", "Fenced", "TooBig", "contiguous", "send_group", "send_seal")
 
-#: The marker property of a seal (readers drop seals by the chain rule, not by it).
-SEAL: Final = "walsvc.seal"
 # A seal's envelope part: 36 zero bytes, a header with empty vchannel and ext sections
 # and timetick 0 (tail trackers read the timetick of every data message).
 _SEAL_HEAD: Final = "\0" * 36
