@@ -5,6 +5,7 @@ of pulsar-client. Timeouts here only guard against hangs."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -13,6 +14,7 @@ from _pulsar_lite import HANG, PulsarLite, broker, data, own_broker, pchannel
 from pulsar import _pulsar
 
 import walsvc
+import walsvc.backends._pulsar._log
 from walsvc import DeliverPolicy, Message, MessageType
 from walsvc.backends._pulsar._client import translate
 from walsvc.core._encode import encode
@@ -202,3 +204,34 @@ async def test_a_close_is_bounded_by_close_timeout(own_broker: PulsarLite) -> No
 def envelope(i: int) -> bytes:
     """A stored envelope of a small data message (the backend's own input)."""
     return encode(data("raw", i), timetick=1 + i, term=1)
+
+
+@pytest.mark.parametrize(
+    ("result", "empty"),
+    [
+        pytest.param(_pulsar.Result.Timeout, False, id="a-timeout-is-an-error"),
+        pytest.param(_pulsar.Result.UnknownError, True, id="unknown-error-reads-as-empty"),
+    ],
+)
+async def test_a_failed_tail_lookup_is_an_error_not_an_empty_log(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch, result: Any, empty: bool
+) -> None:
+    """The lookup of the topic's last entry fails (replayed: the broker cannot be made to
+    fail it on demand). Only UnknownError, Pulsar Lite's answer for a topic without
+    entries, reads as an empty log; any other failure is a typed error, never a
+    latest_message_id of None for a log that holds messages."""
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
+        await wal.append(data("m", 0))
+    async with await walsvc.open_wal(broker.url, pch, read_only=True) as reader:
+
+        async def fails(consumer: Any) -> Any:
+            raise pulsar_asyncio.PulsarException(result)
+
+        monkeypatch.setattr(walsvc.backends._pulsar._log, "last_message_id", fails)
+        async with asyncio.timeout(HANG):
+            if empty:
+                assert await reader.latest_message_id() is None
+            else:
+                with pytest.raises(walsvc.WALError, match="cannot look up the tail"):
+                    await reader.latest_message_id()

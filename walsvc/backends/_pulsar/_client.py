@@ -48,6 +48,7 @@ __all__ = (
     "parse_options",
     "pulsar_id",
     "result_name",
+    "result_of",
     "translate",
     "translate_result",
 )
@@ -346,8 +347,11 @@ def result_name(result: Any) -> str:
     return named if named.isidentifier() else f"Result<{code}>"
 
 
-def _result_of(exc: BaseException) -> Any:
-    """The result of a synchronous call's exception: its class is named for it."""
+def result_of(exc: BaseException) -> Any:
+    """The pulsar-client result a pulsar exception carries: an asynchronous call's holds
+    it, a synchronous call's class is named for it (UnknownError if not)."""
+    if isinstance(exc, pulsar_asyncio.PulsarException):
+        return exc.error()
     result = getattr(pulsar.Result, type(exc).__name__, None)
     return pulsar.Result.UnknownError if result is None else result
 
@@ -368,7 +372,7 @@ def translate(exc: BaseException, what: str) -> WALError:
     if isinstance(exc, pulsar_asyncio.PulsarException):
         return translate_result(exc.error(), what)
     if isinstance(exc, _pulsar.PulsarException):
-        return translate_result(_result_of(exc), f"{what} ({exc})")
+        return translate_result(result_of(exc), f"{what} ({exc})")
     return BackendUnavailable(f"{what}: {exc!r}")
 
 
