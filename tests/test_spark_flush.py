@@ -37,6 +37,7 @@ from walsvc.spark import (
     read_flushed,
     start_flush,
 )
+from walsvc.testing._tether import tethered
 
 # Fixtures imported from the helper modules (pytest finds them by name here).
 __all__ = ("spark",)
@@ -311,9 +312,15 @@ def _flush_command(url: str, to: Path, *extra: str) -> list[str]:
 
 
 def _start_job(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """The flush job ``command``, in a process group of its own (the test freezes and
+    kills the group), killed if this worker dies (a crashed worker runs no ``finally``;
+    a job left running was seen flushing on for 45 minutes). Its JVM ends with it: the
+    gateway exits when its Python driver's pipe closes."""
+    tied, fds = tethered(command)
     with log.open("wb") as out:
         return subprocess.Popen(
-            command,
+            tied,
+            pass_fds=fds,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
