@@ -518,6 +518,18 @@ static PyTypeObject KeyQueueType = {
 
 static PyObject *str_vchannel, *str_idempotency_key, *str_timetick, *str_txn;
 
+/* Whether the PySequence_Fast `seq` no longer has `n` items (RuntimeError set): a list
+ * changed by Python code run while the loop was reading it. */
+static int
+changed_size(PyObject *seq, Py_ssize_t n)
+{
+    if (PySequence_Fast_GET_SIZE(seq) == n) {
+        return 0;
+    }
+    PyErr_SetString(PyExc_RuntimeError, "the messages changed while they were read");
+    return 1;
+}
+
 /* The window key of one message (key_of in interceptors/_dedup_window.py: the vchannel,
  * NUL, the key), new; Py_None (borrowed) if the message takes the Python path: no key,
  * a key or vchannel not an exact str, or a vchannel with a NUL (key_of's tuple form). */
@@ -579,7 +591,13 @@ window_keys(PyObject *Py_UNUSED(module), PyObject *messages)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *keys = PyList_New(n);
     for (Py_ssize_t i = 0; keys != NULL && i < n; i++) {
-        PyObject *key = window_key(PySequence_Fast_GET_ITEM(seq, i));
+        if (changed_size(seq, n)) {
+            Py_CLEAR(keys);
+            break;
+        }
+        PyObject *message = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *key = window_key(message); /* attribute reads: maybe Python code */
+        Py_DECREF(message);
         if (key == NULL || key == Py_None) {
             Py_SETREF(keys, key == NULL ? NULL : Py_NewRef(Py_None));
             break;
@@ -588,6 +606,73 @@ window_keys(PyObject *Py_UNUSED(module), PyObject *messages)
     }
     Py_DECREF(seq);
     return keys;
+}
+
+/* After evict_one deleted `key`'s slot: pop `key` from the queue and raise *newest to
+ * `tick`. 1, or 0 if the deletion ran code that changed the queue. */
+static int
+pop_evicted(KeyQueue *order, PyObject *key, long long tick, long long *newest)
+{
+    if (order->len == 0 || order->items[order->head] != key) {
+        return 0; /* the deletion ran code that changed the queue */
+    }
+    Py_DECREF(queue_popleft(order, NULL)); /* key: the window's reference to it */
+    if (tick > *newest) {
+        *newest = tick;
+    }
+    return 1;
+}
+
+/* One step of evict_settled: drop `key` (the queue's oldest) and its slot if the slot is
+ * a `settled` older than `horizon` or the table is over `max_keys`, raising *newest to its
+ * timetick. 1 if dropped, 0 to stop here (the Python loop goes on from this key), -1 on an
+ * error. Stops, too, if the queue's oldest is no longer `key` by the time it would pop. */
+static int
+evict_one(KeyQueue *order, ShardedDict *slots, PyObject *key, Py_ssize_t max_keys,
+          long long horizon, PyObject *settled, long long *newest)
+{
+    PyObject *shard = shard_of(slots, key);
+    if (shard == NULL) {
+        return -1;
+    }
+    Py_INCREF(shard);
+    int outcome = 0;
+    PyObject *slot = PyDict_GetItemWithError(shard, key); /* borrowed */
+    if (slot == NULL) {
+        outcome = PyErr_Occurred() ? -1 : 0; /* not the window's: the Python loop knows why */
+        goto done;
+    }
+    if (Py_TYPE(slot) != (PyTypeObject *)settled) {
+        goto done; /* an Entry: in flight, blocked or a transaction's */
+    }
+    Py_INCREF(slot);
+    PyObject *tick_object = PyObject_GetAttr(slot, str_timetick);
+    Py_DECREF(slot);
+    if (tick_object == NULL) {
+        outcome = -1;
+        goto done;
+    }
+    long long tick = PyLong_AsLongLong(tick_object);
+    Py_DECREF(tick_object);
+    if (tick == -1 && PyErr_Occurred()) {
+        outcome = -1;
+        goto done;
+    }
+    if (slots->len <= max_keys && tick >= horizon) {
+        goto done; /* young enough, and the window is within its bound */
+    }
+    if (order->len == 0 || order->items[order->head] != key) {
+        goto done; /* the queue changed meanwhile: the Python loop takes over */
+    }
+    if (PyDict_DelItem(shard, key) < 0) {
+        outcome = -1;
+        goto done;
+    }
+    slots->len -= 1;
+    outcome = pop_evicted(order, key, tick, newest);
+done:
+    Py_DECREF(shard);
+    return outcome;
 }
 
 static PyObject *
@@ -608,40 +693,16 @@ evict_settled(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     }
     long long newest = -1;
     while (order->len > 0) {
-        PyObject *key = order->items[order->head];
-        PyObject *shard = shard_of(slots, key);
-        if (shard == NULL) {
+        /* Held, with its slot: the key's hash and equality and the slot's timetick may
+         * be Python code, which may change the queue and the table. */
+        PyObject *key = Py_NewRef(order->items[order->head]);
+        int go_on = evict_one(order, slots, key, max_keys, horizon, args[4], &newest);
+        Py_DECREF(key);
+        if (go_on < 0) {
             return NULL;
         }
-        PyObject *slot = PyDict_GetItemWithError(shard, key); /* borrowed */
-        if (slot == NULL) {
-            if (PyErr_Occurred()) {
-                return NULL;
-            }
-            break; /* not the window's: the Python loop knows why */
-        }
-        if (Py_TYPE(slot) != (PyTypeObject *)args[4]) {
-            break; /* an Entry: in flight, blocked or a transaction's */
-        }
-        PyObject *tick_object = PyObject_GetAttr(slot, str_timetick);
-        if (tick_object == NULL) {
-            return NULL;
-        }
-        long long tick = PyLong_AsLongLong(tick_object);
-        Py_DECREF(tick_object);
-        if (tick == -1 && PyErr_Occurred()) {
-            return NULL;
-        }
-        if (slots->len <= max_keys && tick >= horizon) {
-            break; /* young enough, and the window is within its bound */
-        }
-        if (PyDict_DelItem(shard, key) < 0) {
-            return NULL;
-        }
-        slots->len -= 1;
-        Py_DECREF(queue_popleft(order, NULL)); /* key: the window's reference to it */
-        if (tick > newest) {
-            newest = tick;
+        if (go_on == 0) {
+            break;
         }
     }
     return PyLong_FromLongLong(newest);
@@ -691,6 +752,7 @@ counted_run(PyObject *Py_UNUSED(module), PyObject *messages)
         return NULL;
     }
     PyObject *result = NULL, *stem = NULL, *vchannels = NULL, *key = NULL, *attr = NULL;
+    PyObject *message = NULL; /* held while its attributes are read */
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), dot = -1;
     long long first = -1;
     if (n < 2) {
@@ -723,7 +785,10 @@ counted_run(PyObject *Py_UNUSED(module), PyObject *messages)
     Py_CLEAR(key);
     int ascii = PyUnicode_IS_COMPACT_ASCII(stem);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *message = PySequence_Fast_GET_ITEM(seq, i);
+        if (changed_size(seq, n)) {
+            goto done;
+        }
+        Py_XSETREF(message, Py_NewRef(PySequence_Fast_GET_ITEM(seq, i)));
         if ((attr = PyObject_GetAttr(message, str_txn)) == NULL) {
             goto done;
         }
@@ -764,6 +829,7 @@ counted_run(PyObject *Py_UNUSED(module), PyObject *messages)
 none:
     result = Py_NewRef(Py_None);
 done:
+    Py_XDECREF(message);
     Py_XDECREF(attr);
     Py_XDECREF(key);
     Py_XDECREF(stem);
@@ -857,8 +923,10 @@ spans_hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             found = NULL;
             break;
         }
+        Py_INCREF(span); /* __index__ of its items may change the dict */
         long long low = PyLong_AsLongLong(PyTuple_GET_ITEM(span, 0));
         long long end = PyLong_AsLongLong(PyTuple_GET_ITEM(span, 1));
+        Py_DECREF(span);
         if (PyErr_Occurred()) {
             found = NULL;
             break;

@@ -637,6 +637,38 @@ done:
     return record;
 }
 
+/* The records of the list `messages` (encode_one of each, ticks from first_tick on): a
+ * new list; None if one is too large; NULL with the error. `resolve` is Python code, so
+ * each message is held while it is encoded, and a list that changes length meanwhile
+ * raises RuntimeError instead of being read past its end. */
+static PyObject *
+encode_batch(PyObject *messages, uint64_t first_tick, uint64_t term, PyObject *ext,
+             PyObject *keyed_ext, Py_ssize_t limit, PyObject *names, PyObject *resolve)
+{
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    PyObject *records = PyList_New(n);
+    if (records == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_GET_SIZE(messages) != n) {
+            Py_DECREF(records);
+            PyErr_SetString(PyExc_RuntimeError, "the batch changed while it was encoded");
+            return NULL;
+        }
+        PyObject *message = Py_NewRef(PyList_GET_ITEM(messages, i));
+        PyObject *record = encode_one(message, first_tick + (uint64_t)i, term, ext, keyed_ext,
+                                      limit, names, resolve);
+        Py_DECREF(message);
+        if (record == NULL || record == Py_None) {
+            Py_DECREF(records);
+            return record; /* NULL: the error; None: too large */
+        }
+        PyList_SET_ITEM(records, i, record);
+    }
+    return records;
+}
+
 static PyObject *
 encode_plain_batch(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -647,21 +679,7 @@ encode_plain_batch(PyObject *Py_UNUSED(module), PyObject *args)
                           &PyBytes_Type, &ext, &limit, &PyDict_Type, &names, &resolve)) {
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(messages);
-    PyObject *records = PyList_New(n);
-    if (records == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *record = encode_one(PyList_GET_ITEM(messages, i), first_tick + (uint64_t)i,
-                                      term, ext, NULL, limit, names, resolve);
-        if (record == NULL || record == Py_None) {
-            Py_DECREF(records);
-            return record; /* NULL: the error; None: too large */
-        }
-        PyList_SET_ITEM(records, i, record);
-    }
-    return records;
+    return encode_batch(messages, first_tick, term, ext, NULL, limit, names, resolve);
 }
 
 static PyObject *
@@ -679,21 +697,7 @@ encode_keyed_batch(PyObject *Py_UNUSED(module), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "encode_keyed_batch needs bind_message first");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(messages);
-    PyObject *records = PyList_New(n);
-    if (records == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *record = encode_one(PyList_GET_ITEM(messages, i), first_tick + (uint64_t)i,
-                                      term, ext, keyed_ext, limit, names, resolve);
-        if (record == NULL || record == Py_None) {
-            Py_DECREF(records);
-            return record; /* NULL: the error; None: too large */
-        }
-        PyList_SET_ITEM(records, i, record);
-    }
-    return records;
+    return encode_batch(messages, first_tick, term, ext, keyed_ext, limit, names, resolve);
 }
 
 static PyObject *

@@ -620,6 +620,38 @@ parsing_end(Parsing *p, PyObject *lc_ids, int keep)
     }
 }
 
+/* The AppendResult of one WireResult `wire` (held by the caller: the id class may run
+ * Python code), new; NULL with *s = 1 (the Python path) or -1 (an error). */
+static PyObject *
+append_result_of(PyObject *wire, Parsing *p, int *s)
+{
+    PyObject *text = slot(wire, result_offsets[R_ID]);
+    PyObject *timetick = slot(wire, result_offsets[R_TIMETICK]);
+    PyObject *lc_text = slot(wire, result_offsets[R_LC]);
+    if (text == NULL || timetick == NULL || lc_text == NULL) {
+        *s = 1;
+        return NULL;
+    }
+    PyObject *id = parse_id(text, &p->ids, s);
+    if (id == NULL) {
+        return NULL;
+    }
+    PyObject *lc = parsing_lc(p, lc_text, s);
+    if (lc == NULL) {
+        Py_DECREF(id);
+        return NULL;
+    }
+    PyObject *fields[3] = {id, timetick, lc};
+    PyObject *result = PyObject_Vectorcall(append_result_cls, fields, 3, NULL);
+    Py_DECREF(id);
+    Py_DECREF(lc);
+    if (result == NULL) {
+        *s = -1;
+        return NULL;
+    }
+    return result;
+}
+
 static PyObject *
 results_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -646,28 +678,10 @@ results_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             s = 1;
             break;
         }
-        PyObject *text = slot(wire, result_offsets[R_ID]);
-        PyObject *timetick = slot(wire, result_offsets[R_TIMETICK]);
-        PyObject *lc_text = slot(wire, result_offsets[R_LC]);
-        if (text == NULL || timetick == NULL || lc_text == NULL) {
-            s = 1;
-            break;
-        }
-        PyObject *id = parse_id(text, &p.ids, &s);
-        if (id == NULL) {
-            break;
-        }
-        PyObject *lc = parsing_lc(&p, lc_text, &s);
-        if (lc == NULL) {
-            Py_DECREF(id);
-            break;
-        }
-        PyObject *fields[3] = {id, timetick, lc};
-        PyObject *result = PyObject_Vectorcall(append_result_cls, fields, 3, NULL);
-        Py_DECREF(id);
-        Py_DECREF(lc);
+        Py_INCREF(wire);
+        PyObject *result = append_result_of(wire, &p, &s);
+        Py_DECREF(wire);
         if (result == NULL) {
-            s = -1;
             break;
         }
         PyList_SET_ITEM(results, i, result);
@@ -723,6 +737,52 @@ bind_delivered(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* The ImmutableMessage of one Delivered `wire` (held by the caller: the id class may run
+ * Python code), new; NULL with *s = 1 (the Python path) or -1 (an error). */
+static PyObject *
+delivered_message_of(PyObject *wire, Parsing *p, PyObject *no_body, int *s)
+{
+    PyObject *f[D_COUNT];
+    for (int k = 0; k < D_COUNT; k++) {
+        f[k] = slot(wire, delivered_offsets[k]);
+        if (f[k] == NULL) {
+            *s = 1;
+        }
+    }
+    /* a transaction's message or body: the Python path */
+    if (*s != 0 || f[D_TXN] != Py_None || !PyList_CheckExact(f[D_BODY]) ||
+        PyList_GET_SIZE(f[D_BODY]) != 0) {
+        *s = 1;
+        return NULL;
+    }
+    PyObject *type = PyDict_GetItemWithError(message_types, f[D_TYPE]);
+    if (type == NULL) {
+        *s = PyErr_Occurred() ? -1 : 1; /* MessageType(n) in the Python path */
+        return NULL;
+    }
+    Py_INCREF(type);
+    PyObject *id = parse_id(f[D_ID], &p->ids, s);
+    PyObject *lc = id == NULL ? NULL : parsing_lc(p, f[D_LC], s);
+    if (lc == NULL) {
+        Py_DECREF(type);
+        Py_XDECREF(id);
+        return NULL;
+    }
+    PyObject *fields[13] = {
+        id, f[D_TIMETICK], f[D_VCHANNEL], type, f[D_PAYLOAD], f[D_PROPERTIES], lc,
+        Py_None, f[D_KEY], f[D_TERM], f[D_PERSISTED], no_body, f[D_DURABLE_TICK],
+    };
+    PyObject *message = PyObject_Vectorcall(immutable_message_cls, fields, 13, NULL);
+    Py_DECREF(type);
+    Py_DECREF(id);
+    Py_DECREF(lc);
+    if (message == NULL) {
+        *s = -1;
+        return NULL;
+    }
+    return message;
+}
+
 static PyObject *
 delivered_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -750,42 +810,10 @@ delivered_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
             s = 1;
             break;
         }
-        PyObject *f[D_COUNT];
-        for (int k = 0; k < D_COUNT; k++) {
-            f[k] = slot(wire, delivered_offsets[k]);
-            if (f[k] == NULL) {
-                s = 1;
-            }
-        }
-        /* a transaction's message or body: the Python path */
-        if (s != 0 || f[D_TXN] != Py_None || !PyList_CheckExact(f[D_BODY]) ||
-            PyList_GET_SIZE(f[D_BODY]) != 0) {
-            s = 1;
-            break;
-        }
-        PyObject *type = PyDict_GetItemWithError(message_types, f[D_TYPE]);
-        if (type == NULL) {
-            s = PyErr_Occurred() ? -1 : 1; /* MessageType(n) in the Python path */
-            break;
-        }
-        Py_INCREF(type);
-        PyObject *id = parse_id(f[D_ID], &p.ids, &s);
-        PyObject *lc = id == NULL ? NULL : parsing_lc(&p, f[D_LC], &s);
-        if (lc == NULL) {
-            Py_DECREF(type);
-            Py_XDECREF(id);
-            break;
-        }
-        PyObject *fields[13] = {
-            id, f[D_TIMETICK], f[D_VCHANNEL], type, f[D_PAYLOAD], f[D_PROPERTIES], lc,
-            Py_None, f[D_KEY], f[D_TERM], f[D_PERSISTED], no_body, f[D_DURABLE_TICK],
-        };
-        PyObject *message = PyObject_Vectorcall(immutable_message_cls, fields, 13, NULL);
-        Py_DECREF(type);
-        Py_DECREF(id);
-        Py_DECREF(lc);
+        Py_INCREF(wire);
+        PyObject *message = delivered_message_of(wire, &p, no_body, &s);
+        Py_DECREF(wire);
         if (message == NULL) {
-            s = -1;
             break;
         }
         PyList_SET_ITEM(messages, i, message);

@@ -287,8 +287,9 @@ Committer_init(Committer *self, PyObject *args, PyObject *kwargs)
     static char *names[] = {"head_fd", "term", "notify_fd", "idle_timeout", NULL};
     unsigned long long term;
     double idle_timeout = 1.0;
-    if (self->started) {
-        PyErr_SetString(PyExc_RuntimeError, "Committer is already running");
+    if (self->started || self->stopping) {
+        PyErr_SetString(PyExc_RuntimeError, self->started ? "Committer is already running"
+                                                          : "Committer is closed");
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iKi|d", names, &self->head_fd, &term,
@@ -437,8 +438,10 @@ stop(Committer *self)
     if (!self->started) {
         return;
     }
+    /* Cleared before the join lets go of the GIL: a close from another thread meanwhile
+     * returns at once instead of joining the thread a second time, and commit refuses. */
+    self->started = 0;
     if (getpid() != self->pid) { /* a forked child: no thread to stop, locks as forked */
-        self->started = 0;
         Py_CLEAR(self->data);
         return;
     }
@@ -447,12 +450,12 @@ stop(Committer *self)
     pthread_cond_signal(&self->cv);
     pthread_mutex_unlock(&self->mu);
     if (self->joinable) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_join(self->thread, NULL);
-        Py_END_ALLOW_THREADS
         self->joinable = 0;
+        pthread_t thread = self->thread;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(thread, NULL);
+        Py_END_ALLOW_THREADS
     }
-    self->started = 0;
     pthread_mutex_destroy(&self->mu);
     pthread_cond_destroy(&self->cv);
     Py_CLEAR(self->data);
