@@ -30,6 +30,7 @@ test leaves WALs open at random points of a read's start.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -38,6 +39,9 @@ from pathlib import Path
 from _pulsar_lite import HANG, PulsarLite, broker, pchannel
 
 import walsvc
+from walsvc.backends._pulsar._calls import close, close_client, create_producer, subscribe
+from walsvc.backends._pulsar._client import connect, parse_options
+from walsvc.backends._pulsar._log import EARLIEST, create_reader
 
 __all__ = ("broker",)
 
@@ -100,6 +104,66 @@ def test_a_closed_wal_leaves_no_pulsar_object_to_the_teardown(broker: PulsarLite
     )
     assert (result.returncode, result.stderr) == (0, ""), result
     assert result.stdout == "alive at exit: []\n"
+
+
+def test_a_closed_wal_its_user_still_holds_holds_no_producer(broker: PulsarLite) -> None:
+    """The close frees the producer while its client still runs, even if the WAL object
+    lives on (holding its closed client, which has nothing it made left alive). Freed
+    later, after its client, a producer would be the last holder of the client's I/O
+    executor, and its destructor would tear the executor down (a SIGSEGV in
+    ``epoll_reactor::shutdown`` from ``~HandlerBase`` was seen so, in a producer a
+    collection freed in a later test)."""
+    result = _run(
+        """
+        import asyncio, gc, walsvc
+        from walsvc import Message
+
+        async def main():
+            wal = await walsvc.open_wal(sys.argv[1], sys.argv[2])
+            await wal.append(Message(payload=b"x", vchannel="v"))
+            await wal.aclose()
+            return wal
+
+        wal = asyncio.run(main())
+        gc.collect()
+        report()
+        print("still held:", type(wal).__name__)
+        """,
+        broker,
+    )
+    assert (result.returncode, result.stderr) == (0, ""), result
+    assert result.stdout.splitlines()[:2] == ["alive at exit: ['Client']", "still held: LocalWAL"]
+
+
+async def test_each_pulsar_object_walsvc_makes_holds_its_client(broker: PulsarLite) -> None:
+    """Whatever order their owners are freed in, a producer, consumer or reader goes
+    before the C++ client that made it (see ``_calls.holding``): each holds it."""
+    client = connect(broker.url.removeprefix("pulsar://"), parse_options({}))
+    topic = f"persistent://public/default/{pchannel()}"
+    made = [
+        await create_producer(client, topic, send_timeout_millis=5000, batching_enabled=False),
+        await subscribe(client, topic, "holds", receiver_queue_size=1),
+    ]
+    reader = await create_reader(client, topic, EARLIEST, inclusive=True)
+    made.append(reader._reader)
+    try:
+        for resource in made:
+            assert _reaches(resource, client.raw), type(resource).__name__
+    finally:
+        for resource in made[:2]:
+            await close(resource)
+        await reader.close()
+        await close_client(client)
+
+
+def _reaches(start: object, target: object, depth: int = 3) -> bool:
+    """Whether ``target`` is among the objects ``start`` refers to, ``depth`` steps deep."""
+    seen = [start]
+    for _ in range(depth):
+        seen = [o for obj in seen for o in gc.get_referents(obj)]
+        if any(o is target for o in seen):
+            return True
+    return False
 
 
 def test_closed_wals_leave_no_native_thread_behind(broker: PulsarLite) -> None:

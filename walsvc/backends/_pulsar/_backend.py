@@ -235,6 +235,7 @@ class PulsarBackend(Backend):
         await asyncio.gather(*closing, return_exceptions=True)  # none of them raises
         if self._producer is not None:
             await close_quietly(self._producer, STOP_WITHIN)
+            self._producer = None  # freed now, while its client runs (see _calls.holding)
         await _close_client(self.client)
 
 

@@ -30,13 +30,29 @@ __all__ = (
     "close",
     "close_client",
     "create_producer",
+    "holding",
     "last_message_id",
     "subscribe",
     "topic_partitions",
     "unsubscribe",
 )
 
-_NO_SCHEMA: Final = pulsar.schema.BytesSchema()
+
+def holding(raw: Any) -> pulsar.schema.BytesSchema:
+    """A raw-bytes schema that holds the C++ client ``raw``, for one producer, consumer or
+    reader made by it. ``pulsar.asyncio`` keeps the schema beside the C++ object, set
+    after it, so a dealloc frees the object first: the client outlives every object it
+    made, whatever order its owners go in (a ``PulsarBackend`` frees its ``client``
+    before its producer). Freed first, the client would leave the last reference to its
+    I/O executor to the object, whose destructor would tear the executor's
+    ``io_context`` down on the freeing thread: a SIGSEGV in ``epoll_reactor::shutdown``
+    from ``~HandlerBase`` was seen so, in a producer freed after its client. (Within a
+    cycle the collector may clear the schema first; walsvc's close drops its objects
+    before the client's close, see ``PulsarBackend.aclose``.)"""
+    schema = pulsar.schema.BytesSchema()
+    schema.attach_client(raw)
+    return schema
+
 
 #: A producer, consumer or reader of ``pulsar.asyncio``.
 Resource: TypeAlias = pulsar_asyncio.Producer | pulsar_asyncio.Consumer | pulsar_asyncio.Reader
@@ -95,8 +111,10 @@ async def create_producer(
 ) -> pulsar_asyncio.Producer:
     """A producer of raw bytes on ``topic`` (the settings are pulsar-client's, with its
     defaults)."""
+    raw = client.raw
+    schema = holding(raw)
     conf = _pulsar.ProducerConfiguration()
-    conf.schema(_NO_SCHEMA.schema_info())
+    conf.schema(schema.schema_info())
     conf.send_timeout_millis(send_timeout_millis)
     conf.batching_enabled(batching_enabled)
     conf.batching_max_messages(batching_max_messages)
@@ -104,19 +122,19 @@ async def create_producer(
     conf.max_pending_messages(max_pending_messages)
     conf.block_if_queue_full(block_if_queue_full)
     conf.access_mode(access_mode)
-    raw = client.raw
     made = await call_async(lambda done: raw.create_producer_async(topic, conf, done))
-    return pulsar_asyncio.Producer(made, _NO_SCHEMA)
+    return pulsar_asyncio.Producer(made, schema)
 
 
 async def subscribe(
     client: Client, topic: str, name: str, *, receiver_queue_size: int
 ) -> pulsar_asyncio.Consumer:
     """An exclusive consumer of raw bytes on ``topic`` under subscription ``name``."""
+    raw = client.raw
+    schema = holding(raw)
     conf = _pulsar.ConsumerConfiguration()
     conf.consumer_type(pulsar.ConsumerType.Exclusive)
     conf.receiver_queue_size(receiver_queue_size)
-    conf.schema(_NO_SCHEMA.schema_info())
-    raw = client.raw
+    conf.schema(schema.schema_info())
     made = await call_async(lambda done: raw.subscribe_async(topic, name, conf, done))
-    return pulsar_asyncio.Consumer(made, _NO_SCHEMA)
+    return pulsar_asyncio.Consumer(made, schema)

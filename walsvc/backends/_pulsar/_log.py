@@ -22,7 +22,7 @@ from pulsar import _pulsar
 
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed
 
-from ._calls import NATIVE, Resource, close, last_message_id, subscribe, unsubscribe
+from ._calls import NATIVE, Resource, close, holding, last_message_id, subscribe, unsubscribe
 from ._client import (
     PULSAR_ERRORS,
     Client,
@@ -81,20 +81,19 @@ async def create_reader(
         start_id = pulsar_id(start)
     # What pulsar.asyncio's Client.create_reader does, but through call_async, whose
     # callback does not keep the reader alive after the close (see call_async).
-    schema = pulsar.schema.BytesSchema()
+    raw = client.raw
+    schema = holding(raw)
     conf = _pulsar.ReaderConfiguration()
     conf.receiver_queue_size(BATCH)
     conf.schema(schema.schema_info())
     conf.read_compacted(compacted)
     conf.start_message_id_inclusive(inclusive)
     conf.crypto_failure_action(pulsar.ConsumerCryptoFailureAction.FAIL)
-    raw = client.raw
     if isinstance(start_id, pulsar.MessageId):  # earliest and latest are the C++ ids
         start_id = start_id._msg_id
 
     async def create() -> OrderedReader:
         made = await call_async(lambda done: raw.create_reader_async(topic, start_id, conf, done))
-        schema.attach_client(raw)
         return OrderedReader(
             pulsar_asyncio.Reader(made, schema),
             start=start,

@@ -92,7 +92,8 @@ class GroupWriter:
         timeout: float,
     ) -> None:
         self._client = client
-        self._producer = producer
+        #: None once closed: a closed writer holds no pulsar object (see ``aclose``).
+        self._producer: pulsar_asyncio.Producer | None = producer
         self._topic = topic
         self._term = term
         self._timeout = timeout
@@ -167,6 +168,7 @@ class GroupWriter:
         if self._close_handle is not None:
             self._close_handle.cancel()
         self._fail_queue(WALClosed(f"pulsar WAL of {self._topic} was closed"))
+        self._producer = None  # its owner closes it, then frees it before the client
 
     # -- the group loop -------------------------------------------------------------------
 
@@ -335,9 +337,16 @@ class GroupWriter:
         queued, self._queue = self._queue, []
         self._fail(queued, exc)
 
+    def _live_producer(self) -> pulsar_asyncio.Producer:
+        """The producer; ``WALClosed`` once the writer is closed."""
+        if self._producer is None:
+            raise WALClosed(f"pulsar WAL of {self._topic} was closed")
+        return self._producer
+
     async def _append_group(self, records: list[bytes]) -> list[PulsarMessageId]:
         for _attempt in range(_RESENDS):
-            if not self._producer.is_connected():  # fail fast: nothing was sent
+            producer = self._live_producer()
+            if not producer.is_connected():  # fail fast: nothing was sent
                 raise BackendUnavailable(
                     f"pulsar WAL of {self._topic}: the producer is not connected to the broker"
                 )
@@ -345,7 +354,7 @@ class GroupWriter:
                 self.end = await self._read_end()
             prev = self.end
             group = f"{self._term}.{next(self._seq)}"
-            ids = await send_group(self._producer, self._topic, records, prev, group, self._timeout)
+            ids = await send_group(producer, self._topic, records, prev, group, self._timeout)
             if ids is not None and contiguous(prev, ids):
                 self.end = self._good = ids[-1]
                 return ids
@@ -376,7 +385,7 @@ class GroupWriter:
             if end is None:  # unreachable: _resolve read at least ``prev``
                 break
             seal = await send_seal(
-                self._producer, end, f"{self._term}.s{next(self._seq)}", self._timeout
+                self._live_producer(), end, f"{self._term}.s{next(self._seq)}", self._timeout
             )
             if seal is not None and contiguous(end, [seal]):
                 self.end = self._good = seal
