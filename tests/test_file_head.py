@@ -15,6 +15,7 @@ import asyncio
 import os
 import shutil
 import struct
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 import walsvc
 from walsvc import CorruptRecord, DeliverPolicy, ImmutableMessage, Message
 from walsvc.apps._cli import main as cli
+from walsvc.backends._file import _backend as _file_backend
 from walsvc.backends._file._head import UNKNOWN, HeadFile, HeadState
 
 PCHANNEL = "p"
@@ -111,6 +113,65 @@ async def test_an_empty_head_beside_segments_is_refused(tmp_path: Path) -> None:
         await walsvc.open_wal(f"file://{tmp_path}", PCHANNEL)
     assert _repair(tmp_path) == 0
     await _assert_repaired(tmp_path, before)
+
+
+_CREATE_LOG = """
+import asyncio, sys, walsvc
+
+async def main(url):
+    async with await walsvc.open_wal(url, "p") as wal:
+        await wal.append(walsvc.Message(payload=b"first", vchannel="v"))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("look", ["exists", "empty"])
+async def test_an_open_racing_the_logs_creation_takes_it_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, look: str
+) -> None:
+    """Another process creates the log (its head, then its first segment) at the worst
+    moment of this open: just after this open looked at the head (missing, or empty).
+    The open takes the new log over; before, it saw the segment made meanwhile and
+    refused the healthy log as one that lost its head ("head file is missing" /
+    "empty"; seen under load when two nodes made their routing log at once)."""
+    url = f"file://{tmp_path}"
+    head_path = str(tmp_path / PCHANNEL / "head")
+    created: list[int] = []
+
+    def create_the_log() -> None:
+        if not created:
+            created.append(1)
+            child = subprocess.run(
+                [sys.executable, "-c", _CREATE_LOG, url], capture_output=True, timeout=60
+            )
+            assert child.returncode == 0, child.stderr
+
+    real_exists, real_empty = os.path.exists, HeadFile.empty
+
+    def exists(path: Any) -> bool:
+        found = real_exists(path)
+        if path == head_path:
+            create_the_log()
+        return found
+
+    def empty(self: HeadFile) -> bool:
+        answer = real_empty(self)
+        create_the_log()
+        return answer
+
+    if look == "exists":
+        monkeypatch.setattr(_file_backend.os.path, "exists", exists)
+    else:
+        monkeypatch.setattr(HeadFile, "empty", empty)
+    async with await walsvc.open_wal(url, PCHANNEL) as wal:
+        monkeypatch.undo()
+        await wal.append(Message(payload=b"second", vchannel="v"))
+    # Looking at an empty head comes after the look for segments now: with none yet,
+    # there is no such look, and the open makes the log itself.
+    made_first = [b"first"] if look == "exists" else []
+    assert created == [1] * len(made_first)
+    assert [m.payload for m in await _read_data(url)] == [*made_first, b"second"]
 
 
 @pytest.mark.parametrize("damage", ["flip", "short"])

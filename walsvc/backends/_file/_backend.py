@@ -249,15 +249,23 @@ def _layout_of(directory: LogDirectory) -> FileLayout:
 def _open_directory(location: str, pchannel: str, *, read_only: bool) -> LogDirectory:
     """The pchannel's directory with its head file open (created for a new log's
     writer). A directory whose segments lost their head file is refused: a head made up
-    now would hand out a term and ids the log already holds."""
+    now would hand out a term and ids the log already holds.
+
+    Each check looks for segments first and at the head second. A log's first writer
+    writes its head before it makes a segment, and a head never goes back to missing or
+    empty, so segments seen first mean the head was there before the look at it. In the
+    other order, an open racing another process's creation of the log could see the head
+    missing (or empty), then the segment made meanwhile, and refuse a healthy log as one
+    that lost its head (seen under load in ``test_concurrent_first_opens_store_one_version``).
+    """
     if not location:
         raise InvalidArgument("file:// URL needs a path: file:///abs/dir or file://rel/dir")
     path = os.path.abspath(os.path.join(os.path.expanduser(location), pchannel))
     head_path = os.path.join(path, "head")
     try:
-        exists = os.path.exists(head_path)
-        if not exists and _holds_segments(path):
+        if _holds_segments(path) and not os.path.exists(head_path):
             raise _lost_head(path, "missing", f"file://{location} {pchannel}")
+        exists = os.path.exists(head_path)
         if read_only:
             if not exists:
                 raise InvalidArgument(f"no file WAL for pchannel {pchannel!r} at {path}")
@@ -272,7 +280,7 @@ def _open_directory(location: str, pchannel: str, *, read_only: bool) -> LogDire
             ) from exc
         raise BackendUnavailable(f"cannot open file WAL at {path}: {exc}") from exc
     directory = LogDirectory(path, head)
-    if head.empty() and directory.segments():
+    if directory.segments() and head.empty():
         head.close()
         raise _lost_head(path, "empty", f"file://{location} {pchannel}")
     return directory
