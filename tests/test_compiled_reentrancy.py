@@ -27,38 +27,46 @@ import walsvc
 
 HANG = 60.0  # a guard against hangs, never a timing assertion
 
+#: A batch of messages whose idempotency key, when read, empties the batch.
+_KEY_EMPTIES_THE_BATCH = """
+    from interceptors import _cshards
+    batch = []
+    class Evil:
+        vchannel = "v"
+        txn = None
+        @property
+        def idempotency_key(self):
+            batch.clear()
+            return "p.1"
+    batch.extend([Evil(), Evil(), Evil()])
+    try:
+        _cshards.{loop}(batch)
+    except RuntimeError as exc:
+        print(exc)
+    """
+
+#: An id class whose construction empties the list ``box[0]`` (the wires being read);
+#: indented as the cases it starts.
+_ID_CLASS_EMPTIES_THE_LIST = """
+        from walsvc.backends._memory import MemoryMessageId
+        from walsvc.remote._client import _cclient, _Ids
+        from walsvc.remote._protocol import WireDelivered, WireResult
+        box = []
+        class Evil(MemoryMessageId, frozen=True, gc=False):
+            scheme = "evil"
+            def __post_init__(self):
+                if box:
+                    box[0].clear()
+        classes = {"evil": Evil}
+"""
+
 _CASES = {
-    "window_keys: a key property empties the batch": """
-        from interceptors import _cshards
-        batch = []
-        class Evil:
-            vchannel = "v"
-            @property
-            def idempotency_key(self):
-                batch.clear()
-                return "k"
-        batch.extend([Evil(), Evil(), Evil()])
-        try:
-            _cshards.window_keys(batch)
-        except RuntimeError as exc:
-            print(exc)
-        """,
-    "counted_run: a key property empties the batch": """
-        from interceptors import _cshards
-        batch = []
-        class Evil:
-            vchannel = "v"
-            txn = None
-            @property
-            def idempotency_key(self):
-                batch.clear()
-                return "p.1"
-        batch.extend([Evil(), Evil(), Evil()])
-        try:
-            _cshards.counted_run(batch)
-        except RuntimeError as exc:
-            print(exc)
-        """,
+    "window_keys: a key property empties the batch": _KEY_EMPTIES_THE_BATCH.format(
+        loop="window_keys"
+    ),
+    "counted_run: a key property empties the batch": _KEY_EMPTIES_THE_BATCH.format(
+        loop="counted_run"
+    ),
     "evict_settled: a timetick property empties the queue": """
         from interceptors import _cshards
         order, slots = _cshards.KeyQueue(), _cshards.ShardedDict()
@@ -93,33 +101,15 @@ _CASES = {
         except RuntimeError as exc:
             print(exc)
         """,
-    "results_of: an id class empties the results it is made from": """
-        from walsvc.backends._memory import MemoryMessageId
-        from walsvc.remote._client import _cclient, _Ids
-        from walsvc.remote._protocol import WireResult
-        box = []
-        class Evil(MemoryMessageId, frozen=True, gc=False):
-            scheme = "evil"
-            def __post_init__(self):
-                if box:
-                    box[0].clear()
-        classes = {"evil": Evil}
+    "results_of: an id class empties the results it is made from": _ID_CLASS_EMPTIES_THE_LIST
+    + """
         wires = [WireResult("evil:" + str(7), int("1" * 40), None)]
         box.append(wires)
         (result,) = _cclient.results_of(wires, classes, _Ids(classes))
         print(result.message_id.seq, result.timetick == int("1" * 40))
         """,
-    "delivered_of: an id class empties the messages it is made from": """
-        from walsvc.backends._memory import MemoryMessageId
-        from walsvc.remote._client import _cclient, _Ids
-        from walsvc.remote._protocol import WireDelivered
-        box = []
-        class Evil(MemoryMessageId, frozen=True, gc=False):
-            scheme = "evil"
-            def __post_init__(self):
-                if box:
-                    box[0].clear()
-        classes = {"evil": Evil}
+    "delivered_of: an id class empties the messages it is made from": _ID_CLASS_EMPTIES_THE_LIST
+    + """
         wires = [
             WireDelivered(
                 "evil:" + str(7), int("1" * 40), "v" + str(1), 2, b"p" * 3,
