@@ -263,9 +263,10 @@ def _open_directory(location: str, pchannel: str, *, read_only: bool) -> LogDire
     path = os.path.abspath(os.path.join(os.path.expanduser(location), pchannel))
     head_path = os.path.join(path, "head")
     try:
-        if _holds_segments(path) and not os.path.exists(head_path):
-            raise _lost_head(path, "missing", f"file://{location} {pchannel}")
+        holds_segments = _holds_segments(path)
         exists = os.path.exists(head_path)
+        if holds_segments and not exists:
+            raise _lost_head(path, "missing", f"file://{location} {pchannel}")
         if read_only:
             if not exists:
                 raise InvalidArgument(f"no file WAL for pchannel {pchannel!r} at {path}")
