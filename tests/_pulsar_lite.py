@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pulsar
-import pulsar.asyncio as pulsar_asyncio
 import pytest
 
 import walsvc
@@ -30,6 +30,8 @@ from walsvc.backends._pulsar import PulsarBackend
 from walsvc.testing import _pulsar_lite
 from walsvc.testing._pulsar_lite import PulsarLite
 
+_T = TypeVar("_T")
+
 __all__ = (
     "HANG",
     "PulsarLite",
@@ -37,6 +39,7 @@ __all__ = (
     "broker",
     "client_logger",
     "data",
+    "in_plain_client",
     "own_broker",
     "pchannel",
     "pulsar_lite_broker",
@@ -109,18 +112,32 @@ async def read_labels(url: str, pch: str, deliver: DeliverPolicy, count: int) ->
     return out
 
 
+async def in_plain_client(url: str, work: Callable[[pulsar.Client], _T]) -> _T:
+    """``work(client)`` in a worker thread, with a plain (synchronous) pulsar-client
+    client of ``url`` that is closed after it (within ``HANG`` seconds)."""
+
+    def run() -> _T:
+        client = pulsar.Client(url, logger=client_logger())
+        try:
+            return work(client)
+        finally:
+            client.close()
+
+    async with asyncio.timeout(HANG):
+        return await asyncio.to_thread(run)
+
+
 async def raw_payloads(url: str, topic: str) -> list[bytes]:
     """Every message's data in ``topic``, read with a plain Pulsar reader."""
-    client = pulsar_asyncio.Client(url, logger=client_logger())
-    out: list[bytes] = []
-    try:
-        async with asyncio.timeout(HANG):
-            reader = await client.create_reader(topic, pulsar.MessageId.earliest)
-            while await reader.has_message_available():
-                out.append((await reader.read_next()).data())
-    finally:
-        await client.close()
-    return out
+
+    def read(client: pulsar.Client) -> list[bytes]:
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        out: list[bytes] = []
+        while reader.has_message_available():
+            out.append(reader.read_next().data())
+        return out
+
+    return await in_plain_client(url, read)
 
 
 def client_logger() -> pulsar.ConsoleLogger:

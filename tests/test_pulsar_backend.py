@@ -21,6 +21,7 @@ from _pulsar_lite import (
     broker,
     client_logger,
     data,
+    in_plain_client,
     own_broker,
     pchannel,
     raw_payloads,
@@ -151,24 +152,22 @@ async def test_truncation_step(broker: PulsarLite) -> None:
     " start_message_id_inclusive=True does not deliver the topic's last message",
 )
 async def test_reader_at_latest_inclusive_gets_the_last_message(broker: PulsarLite) -> None:
-    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
-    topic = f"persistent://public/default/latest-{uuid.uuid4().hex}"
-    try:
-        producer = await client.create_producer(topic)
-        await producer.send(b"last")
-        reader = await client.create_reader(
+    def check(client: pulsar.Client) -> None:
+        topic = f"persistent://public/default/latest-{uuid.uuid4().hex}"
+        client.create_producer(topic).send(b"last")
+        reader = client.create_reader(
             topic, pulsar.MessageId.latest, start_message_id_inclusive=True
         )
-        async with asyncio.timeout(1.0):  # loopback: Apache Pulsar answers at once
-            assert (await reader.read_next()).data() == b"last"
-    finally:
-        await client.close()
+        # loopback: Apache Pulsar answers at once
+        assert reader.read_next(timeout_millis=1000).data() == b"last"
+
+    await in_plain_client(broker.url, check)
 
 
 class _RedeliveringReader:
-    """A stand-in for ``pulsar.asyncio.Reader`` whose C reader delivers entries again,
-    as Pulsar Lite was seen to do now and then (a fault the real broker produces only
-    intermittently, so it is replayed here)."""
+    """A stand-in for a ``Reader`` (``walsvc.backends._pulsar._calls``) whose C reader
+    delivers entries again, as Pulsar Lite was seen to do now and then (a fault the real
+    broker produces only intermittently, so it is replayed here)."""
 
     def __init__(self, ids: list[tuple[int, int, int]]) -> None:
         self._reader = _QueuedCReader(ids)
@@ -226,13 +225,12 @@ async def test_redelivered_messages_are_dropped() -> None:
     " a topic without entries fail with UnknownError instead of answering False (-1:-1)",
 )
 async def test_an_empty_topic_has_no_message_available(broker: PulsarLite) -> None:
-    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
-    topic = f"persistent://public/default/empty-{uuid.uuid4().hex}"
-    try:
-        reader = await client.create_reader(topic, pulsar.MessageId.earliest)
-        assert await reader.has_message_available() is False
-    finally:
-        await client.close()
+    def check(client: pulsar.Client) -> None:
+        topic = f"persistent://public/default/empty-{uuid.uuid4().hex}"
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        assert reader.has_message_available() is False
+
+    await in_plain_client(broker.url, check)
 
 
 async def test_a_cancelled_fetch_loses_nothing(broker: PulsarLite) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, cast
 
@@ -32,7 +33,8 @@ import walsvc.backends._pulsar._scanner
 import walsvc.backends._pulsar._sender
 from walsvc import DeliverPolicy
 from walsvc.backends._pulsar import PulsarMessageId
-from walsvc.backends._pulsar._creations import Creations
+from walsvc.backends._pulsar._client import Client
+from walsvc.backends._pulsar._log import EARLIEST, create_reader
 from walsvc.backends._pulsar._reader import OrderedReader
 from walsvc.backends._pulsar._scanner import PulsarScanner
 
@@ -40,44 +42,42 @@ from walsvc.backends._pulsar._scanner import PulsarScanner
 __all__ = ("broker",)
 
 
-class _NoAsyncReceive:
-    """The C reader, except that an asynchronous receive fails the test: the order of
-    what it delivers is not guaranteed (see ``walsvc.backends._pulsar._reader``)."""
+@dataclass(frozen=True)
+class TopicClient:
+    """A walsvc client of the broker (``client.pulsar`` makes producers) and a fresh
+    topic."""
 
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
-
-    def read_next_async(self, callback: Any) -> None:
-        raise AssertionError("OrderedReader used the client's asynchronous receive")
+    client: Client
+    topic: str
 
 
 @pytest.fixture
-async def topic_client(broker: PulsarLite) -> AsyncIterator[tuple[pulsar_asyncio.Client, str]]:
-    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
+async def topic_client(broker: PulsarLite) -> AsyncIterator[TopicClient]:
+    raw = pulsar_asyncio.Client(broker.url, logger=client_logger())
     try:
-        yield client, f"persistent://public/default/ordered-{uuid.uuid4().hex}"
+        yield TopicClient(
+            Client(raw, broker.url), f"persistent://public/default/ordered-{uuid.uuid4().hex}"
+        )
     finally:
-        await client.close()
+        await raw.close()
 
 
-async def _reader(client: pulsar_asyncio.Client, topic: str, start: Any) -> OrderedReader:
-    reader = await client.create_reader(topic, start, receiver_queue_size=1000)
-    reader._reader = _NoAsyncReceive(reader._reader)
-    return OrderedReader(reader)
+async def _reader(tc: TopicClient) -> OrderedReader:
+    """An ``OrderedReader`` of the topic from its first message, as the backend makes
+    them."""
+    return await create_reader(tc.client, tc.topic, EARLIEST, inclusive=True)
 
 
 async def test_a_reader_keeping_up_with_its_writer_gets_every_message_once_in_order(
-    topic_client: tuple[pulsar_asyncio.Client, str],
+    topic_client: TopicClient,
 ) -> None:
     """Unbatched messages sent 20 at a time while the reader reads at the end of the
-    topic: the case where ``read_next_async`` can deliver a message ahead of its
-    predecessor."""
-    client, topic = topic_client
-    producer = await client.create_producer(topic, batching_enabled=False)
-    reader = await _reader(client, topic, pulsar.MessageId.earliest)
+    topic: the case where pulsar-client's ``read_next_async`` (3.13) could deliver a
+    message ahead of its predecessor."""
+    producer = await topic_client.client.pulsar.create_producer(
+        topic_client.topic, batching_enabled=False
+    )
+    reader = await _reader(topic_client)
     count = 3000
     sent: list[PulsarMessageId] = []
 
@@ -106,13 +106,12 @@ async def test_a_reader_keeping_up_with_its_writer_gets_every_message_once_in_or
 
 @pytest.fixture
 async def at_the_end(
-    topic_client: tuple[pulsar_asyncio.Client, str],
+    topic_client: TopicClient,
 ) -> AsyncIterator[tuple[pulsar_asyncio.Producer, OrderedReader]]:
     """A producer and a reader that has read the one message of its topic."""
-    client, topic = topic_client
-    producer = await client.create_producer(topic)
+    producer = await topic_client.client.pulsar.create_producer(topic_client.topic)
     await producer.send(b"first")
-    reader = await _reader(client, topic, pulsar.MessageId.earliest)
+    reader = await _reader(topic_client)
     async with asyncio.timeout(HANG):
         assert [m.data() for _, m in await reader.next_batch()] == [b"first"]
     yield producer, reader
@@ -182,16 +181,14 @@ async def test_closing_ends_a_waiting_read_at_once(
 
 
 async def test_a_close_whose_caller_gives_up_goes_on_and_the_client_waits_for_it(
-    topic_client: tuple[pulsar_asyncio.Client, str],
+    topic_client: TopicClient,
 ) -> None:
     """A close cancelled while it waits for the reader's pop in a worker still closes
     the reader, and the client's creations (awaited before the client closes) wait for
     it: else the client's close would race that pop. The read waiting meanwhile starts
     no new pop: it ends with ``WALClosed``."""
-    client, topic = topic_client
-    creations = Creations("the test's client")
-    made = await client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=10)
-    reader = OrderedReader(made, creations=creations)
+    creations = topic_client.client.creations
+    reader = await _reader(topic_client)
     async with asyncio.timeout(HANG):
         waiting = asyncio.create_task(reader.next_batch())
         await asyncio.sleep(0.4)  # past the short pops: one of 200 ms is in flight
@@ -203,7 +200,7 @@ async def test_a_close_whose_caller_gives_up_goes_on_and_the_client_waits_for_it
         await creations.aclose(HANG)
         assert creations.in_flight == 0
         with pytest.raises(pulsar.AlreadyClosed):
-            made._reader.read_next(0)
+            reader._raw.read_next(0)
         with pytest.raises(walsvc.WALClosed):
             await waiting
         await reader.close()  # again: the same close, done
@@ -414,7 +411,7 @@ async def test_a_scanner_replaces_a_reader_that_stops_delivering_midway(
 
 
 class _NoReader:
-    """Stands in for a ``pulsar.asyncio.Reader`` that is never read."""
+    """Stands in for a ``Reader`` (walsvc.backends._pulsar._calls) that is never read."""
 
     _reader = None
 

@@ -11,21 +11,24 @@ loop closed), and 1 in 8 with no read. So walsvc makes each call of the C++ clie
 itself, through ``call_async`` (whose callback drops an answer that comes too late),
 and keeps ``pulsar.asyncio``'s objects only as holders of the C++ ones: producers,
 consumers and readers are created, asked and closed here; ``_sender`` and ``_writer``
-send through ``call_async`` and ``GroupAcks``.
+send through ``call_async`` and ``GroupAcks``. Readers are the exception: their calls
+are the synchronous ones, in threads (``call_in_thread``), since their asynchronous
+ones corrupted the client's heap (see ``Reader``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, final
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 from pulsar import _pulsar
 
-from ._client import Client, call_async
+from ._client import Client, call_async, call_in_thread
 
 __all__ = (
     "NATIVE",
+    "Reader",
     "Resource",
     "close",
     "close_client",
@@ -54,24 +57,38 @@ def holding(raw: Any) -> pulsar.schema.BytesSchema:
     return schema
 
 
-#: A producer, consumer or reader of ``pulsar.asyncio``.
-Resource: TypeAlias = pulsar_asyncio.Producer | pulsar_asyncio.Consumer | pulsar_asyncio.Reader
+@final
+class Reader:
+    """A C++ reader (``_reader``) and the schema that holds its client (``_schema``, see
+    ``holding``), as ``pulsar.asyncio``'s producers and consumers hold theirs: the
+    reader is freed first. Its calls are synchronous, made in threads
+    (``call_in_thread``): never ``pulsar.asyncio.Reader``'s asynchronous ones."""
+
+    __slots__ = ("_reader", "_schema")
+
+    def __init__(self, reader: Any, schema: pulsar.schema.BytesSchema) -> None:
+        self._reader = reader
+        self._schema = schema
+
+    def topic(self) -> str:
+        """The topic read."""
+        return str(self._reader.topic())
+
+
+#: A producer or consumer of ``pulsar.asyncio``, or a reader.
+Resource: TypeAlias = pulsar_asyncio.Producer | pulsar_asyncio.Consumer | Reader
 #: Their classes.
-NATIVE: Final = (pulsar_asyncio.Producer, pulsar_asyncio.Consumer, pulsar_asyncio.Reader)
-
-
-def _native(resource: Resource) -> Any:
-    """The C++ object under a ``pulsar.asyncio`` producer, consumer or reader."""
-    if isinstance(resource, pulsar_asyncio.Producer):
-        return resource._producer
-    if isinstance(resource, pulsar_asyncio.Consumer):
-        return resource._consumer
-    return resource._reader
+NATIVE: Final = (pulsar_asyncio.Producer, pulsar_asyncio.Consumer, Reader)
 
 
 async def close(resource: Resource) -> None:
     """Close a producer, consumer or reader."""
-    await call_async(_native(resource).close_async)
+    if isinstance(resource, pulsar_asyncio.Producer):
+        await call_async(resource._producer.close_async)
+    elif isinstance(resource, pulsar_asyncio.Consumer):
+        await call_async(resource._consumer.close_async)
+    else:
+        await call_in_thread(resource._reader.close)
 
 
 async def unsubscribe(consumer: pulsar_asyncio.Consumer) -> None:

@@ -17,7 +17,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, Final, NamedTuple, NoReturn, final
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, NamedTuple, NoReturn, TypeVar, final
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -43,6 +44,7 @@ __all__ = (
     "Client",
     "Options",
     "call_async",
+    "call_in_thread",
     "client_logger",
     "connect",
     "parse_options",
@@ -52,6 +54,8 @@ __all__ = (
     "translate",
     "translate_result",
 )
+
+_T = TypeVar("_T")
 
 #: Every exception pulsar-client raises (its C++ errors and the asyncio wrapper's).
 PULSAR_ERRORS: Final = (_pulsar.PulsarException, pulsar_asyncio.PulsarException)
@@ -408,6 +412,33 @@ def call_async(
     _held_callbacks.add(weakref.ref(callback, _held_callbacks.discard))
     start(callback)
     return future
+
+
+#: Threads for ``call_in_thread``: how many synchronous calls of the C++ client may wait
+#: for their answers at once (more queue for a thread).
+CALL_THREADS: Final = 16
+
+_call_threads: ThreadPoolExecutor | None = None
+_call_threads_pid = 0
+
+
+def call_in_thread(call: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+    """Run a synchronous call of the C++ client, ``call(*args)``, in one of the
+    process's ``CALL_THREADS`` threads; the future resolves on the event loop with its
+    value or its pulsar exception. A result that arrives after the loop closed is
+    dropped. The call runs to its end even if the awaiting task is cancelled (the
+    caller sees it through: ``Creations``).
+
+    Readers are created, asked and closed so, never through their ``*_async`` calls:
+    with those, churning readers corrupted pulsar-client's heap (ARCHITECTURE.md, "The
+    Pulsar read path"). The threads are not daemons: at exit the interpreter waits for
+    a call in flight, which ends within the client's operation timeout, rather than
+    tear a thread down inside the C++ client."""
+    global _call_threads, _call_threads_pid
+    if _call_threads is None or _call_threads_pid != os.getpid():
+        _call_threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="walsvc-pulsar-call")
+        _call_threads_pid = os.getpid()
+    return asyncio.get_running_loop().run_in_executor(_call_threads, call, *args)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, value: Any) -> None:

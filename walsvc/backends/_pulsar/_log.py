@@ -22,11 +22,20 @@ from pulsar import _pulsar
 
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed
 
-from ._calls import NATIVE, Resource, close, holding, last_message_id, subscribe, unsubscribe
+from ._calls import (
+    NATIVE,
+    Reader,
+    Resource,
+    close,
+    holding,
+    last_message_id,
+    subscribe,
+    unsubscribe,
+)
 from ._client import (
     PULSAR_ERRORS,
     Client,
-    call_async,
+    call_in_thread,
     pulsar_id,
     result_name,
     result_of,
@@ -79,8 +88,8 @@ async def create_reader(
     else:
         assert isinstance(start, PulsarMessageId)
         start_id = pulsar_id(start)
-    # What pulsar.asyncio's Client.create_reader does, but through call_async, whose
-    # callback does not keep the reader alive after the close (see call_async).
+    # A synchronous creation in a thread (see call_in_thread), with a schema of its own
+    # that holds the client (see holding).
     raw = client.raw
     schema = holding(raw)
     conf = _pulsar.ReaderConfiguration()
@@ -93,9 +102,9 @@ async def create_reader(
         start_id = start_id._msg_id
 
     async def create() -> OrderedReader:
-        made = await call_async(lambda done: raw.create_reader_async(topic, start_id, conf, done))
+        made = await call_in_thread(raw.create_reader, topic, start_id, conf)
         return OrderedReader(
-            pulsar_asyncio.Reader(made, schema),
+            Reader(made, schema),
             start=start,
             inclusive=inclusive,
             creations=client.creations,

@@ -1,4 +1,4 @@
-"""Reading a topic's messages in log order, without the client's asynchronous receive.
+"""Reading a topic's messages in log order, without the client's asynchronous calls.
 
 pulsar-client's ``read_next_async`` (what ``pulsar.asyncio.Reader.read_next`` awaits)
 can hand out a message ahead of the one queued just before it. When a message arrives,
@@ -14,7 +14,10 @@ conformance test, with a scanner that keeps up with its writer).
 ``OrderedReader`` never registers an asynchronous receive. It pops the receiver queue
 synchronously: on the event loop, what is already queued (about 2 us a message, the GIL
 released); in a worker thread, blocking, when the queue is empty. Messages then leave in
-exactly the order the client's I/O thread queued them.
+exactly the order the client's I/O thread queued them. It is asked and closed through
+synchronous calls in threads too (``call_in_thread``), as ``_log.create_reader`` creates
+it: with the asynchronous ones, readers made, read and closed by the hundred corrupted
+pulsar-client's heap (ARCHITECTURE.md, "The Pulsar read path").
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, final
 
 import pulsar
-import pulsar.asyncio as pulsar_asyncio
 
 from walsvc.core._errors import WALClosed
 
-from ._client import PULSAR_ERRORS, call_async, translate
+from ._calls import Reader
+from ._client import PULSAR_ERRORS, call_in_thread, translate
 from ._creations import Creations
 from ._ids import PulsarMessageId
 
@@ -94,7 +97,7 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 @final
 class OrderedReader:
-    """The messages of one ``pulsar.asyncio.Reader``, each once, in strictly increasing
+    """The messages of one ``Reader``, each once, in strictly increasing
     id order (a message delivered again, at or below the last id returned, is dropped).
     One task reads it at a time.
 
@@ -116,7 +119,7 @@ class OrderedReader:
 
     def __init__(
         self,
-        reader: pulsar_asyncio.Reader,
+        reader: Reader,
         *,
         start: PulsarMessageId | str | None = None,
         inclusive: bool = False,
@@ -125,7 +128,7 @@ class OrderedReader:
         self._reader = reader
         self.start = start
         self.inclusive = inclusive
-        self._raw: Any = reader._reader  # the C reader under pulsar.asyncio's
+        self._raw: Any = reader._reader  # the C++ reader
         self._last: PulsarMessageId | None = None
         #: A blocking pop running in a worker; a cancelled ``next_batch`` leaves it for
         #: the next call, so what it pops is not lost.
@@ -195,7 +198,7 @@ class OrderedReader:
         if self._waiting is not None:
             raise RuntimeError("has_message_available while a cancelled read still waits")
         try:
-            return bool(await call_async(self._raw.has_message_available_async))
+            return bool(await call_in_thread(self._raw.has_message_available))
         except PULSAR_ERRORS as exc:
             raise translate(exc, f"reading {self.topic()} failed") from exc
 
@@ -237,4 +240,4 @@ class OrderedReader:
         if waiting is not None:
             waiting.add_done_callback(_retrieve)
             await asyncio.wait((waiting,))
-        await call_async(self._raw.close_async)
+        await call_in_thread(self._raw.close)
