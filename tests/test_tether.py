@@ -63,6 +63,20 @@ def _alive_with(marker: str) -> list[int]:
     return pids
 
 
+def _wait_until_up(program: int, marker: str, within: float = 10.0) -> None:
+    """Wait until ``program`` has become ``sleep`` (its ``execvp``, after it forked its
+    watcher) and two processes hold ``marker``: the program and its watcher. On a loaded
+    machine the bare interpreter before the ``execvp`` can take longer than any fixed
+    sleep (seen: only the program alive 0.2 s after it started)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{program}/exe").resolve().name == "sleep":
+                if len(_alive_with(marker)) >= 2:
+                    return
+        time.sleep(0.02)
+
+
 def _wait_until_none_alive(marker: str, within: float = 10.0) -> list[int]:
     deadline = time.monotonic() + within
     while (alive := _alive_with(marker)) and time.monotonic() < deadline:
@@ -91,6 +105,7 @@ def test_a_tethered_program_dies_with_the_process_that_started_it(
     assert starter.stdout is not None
     try:
         program = int(starter.stdout.readline())
+        _wait_until_up(program, marker)
         time.sleep(0.2)  # the starter's thread, if any, has ended: the program lives on
         alive = _alive_with(marker)
         assert program in alive
@@ -114,10 +129,9 @@ def test_a_tethered_program_is_the_started_process_and_takes_its_watcher_along()
     command, fds = tethered(["sleep", marker])
     program = subprocess.Popen(command, pass_fds=fds)
     try:
-        deadline = time.monotonic() + 10
-        while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _wait_until_up(program.pid, marker)
         assert Path(f"/proc/{program.pid}/exe").resolve().name == "sleep"
+        assert len(_alive_with(marker)) == 2
         program.terminate()  # signals reach the program itself
         assert program.wait(10) == -signal.SIGTERM
         assert _wait_until_none_alive(marker) == []  # the watcher went with it

@@ -1,6 +1,6 @@
 """Reading a topic's messages in log order, without the client's asynchronous calls.
 
-pulsar-client's ``read_next_async`` (what ``pulsar.asyncio.Reader.read_next`` awaits)
+pulsar-client's ``read_next_async`` (3.13's; what ``pulsar.asyncio.Reader.read_next`` awaits)
 can hand out a message ahead of the one queued just before it. When a message arrives,
 the C++ consumer first checks, under a lock, whether an asynchronous receive is waiting,
 and only after releasing that lock puts the message in its receiver queue
