@@ -86,6 +86,12 @@ def _run(script: str, broker: PulsarLite) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _outcome(result: subprocess.CompletedProcess[str]) -> str:
+    """A child's exit status and whole output, for an assertion's message (pytest cuts
+    the repr of an object there to a line, and with it the faulthandler's report)."""
+    return f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
 def test_a_closed_wal_leaves_no_pulsar_object_to_the_teardown(broker: PulsarLite) -> None:
     result = _run(
         """
@@ -102,7 +108,7 @@ def test_a_closed_wal_leaves_no_pulsar_object_to_the_teardown(broker: PulsarLite
         """,
         broker,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result
+    assert (result.returncode, result.stderr) == (0, ""), _outcome(result)
     assert result.stdout == "alive at exit: []\n"
 
 
@@ -131,7 +137,7 @@ def test_a_closed_wal_its_user_still_holds_holds_no_producer(broker: PulsarLite)
         """,
         broker,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result
+    assert (result.returncode, result.stderr) == (0, ""), _outcome(result)
     assert result.stdout.splitlines()[:2] == ["alive at exit: ['Client']", "still held: LocalWAL"]
 
 
@@ -186,7 +192,7 @@ def test_closed_wals_leave_no_native_thread_behind(broker: PulsarLite) -> None:
         """,
         broker,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result
+    assert (result.returncode, result.stderr) == (0, ""), _outcome(result)
     assert result.stdout == "native threads left: 0\nalive at exit: []\n"
 
 
@@ -231,7 +237,7 @@ def test_reads_cancelled_at_random_points_leave_no_native_thread_behind(
         """,
         broker,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result
+    assert (result.returncode, result.stderr) == (0, ""), _outcome(result)
     assert result.stdout == "native threads left: 0\nalive at exit: []\n"
 
 
@@ -276,7 +282,7 @@ def test_wals_closed_while_a_read_is_being_created_leave_nothing_behind(
         """,
         broker,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result
+    assert (result.returncode, result.stderr) == (0, ""), _outcome(result)
     assert result.stdout == "native threads left: 0 I/O descriptors: 0\nalive at exit: []\n"
 
 
@@ -310,4 +316,6 @@ def test_a_process_that_ends_with_a_wal_open_while_a_read_starts_exits_cleanly(
             """,
             broker,
         )
-        assert (result.returncode, result.stdout.splitlines()[:1]) == (0, ["left open"]), result
+        assert (result.returncode, result.stdout.splitlines()[:1]) == (0, ["left open"]), _outcome(
+            result
+        )
