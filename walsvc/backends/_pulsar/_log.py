@@ -101,10 +101,15 @@ async def create_reader(
     if isinstance(start_id, pulsar.MessageId):  # earliest and latest are the C++ ids
         start_id = start_id._msg_id
 
+    def make() -> Reader:
+        # The holder is made in the thread, so that no C++ reader is ever without the
+        # schema that keeps its client alive: one whose caller is gone (a loop that
+        # ended meanwhile) is freed with its holder, reader first.
+        return Reader(raw.create_reader(topic, start_id, conf), schema)
+
     async def create() -> OrderedReader:
-        made = await call_in_thread(raw.create_reader, topic, start_id, conf)
         return OrderedReader(
-            Reader(made, schema),
+            await call_in_thread(make),
             start=start,
             inclusive=inclusive,
             creations=client.creations,
