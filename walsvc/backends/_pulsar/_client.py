@@ -17,7 +17,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, NamedTuple, NoReturn, TypeVar, final
 
 import pulsar
@@ -36,6 +35,7 @@ from walsvc.core._errors import (
 
 from ._creations import Creations
 from ._ids import PulsarMessageId
+from ._threads import ProcessThreads
 
 __all__ = (
     "LOG_ENV",
@@ -418,8 +418,7 @@ def call_async(
 #: for their answers at once (more queue for a thread).
 CALL_THREADS: Final = 16
 
-_call_threads: ThreadPoolExecutor | None = None
-_call_threads_pid = 0
+_call_threads: Final = ProcessThreads(CALL_THREADS, "walsvc-pulsar-call")
 
 
 def call_in_thread(call: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
@@ -431,14 +430,9 @@ def call_in_thread(call: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
 
     Readers are created, asked and closed so, never through their ``*_async`` calls:
     with those, churning readers corrupted pulsar-client's heap (ARCHITECTURE.md, "The
-    Pulsar read path"). The threads are not daemons: at exit the interpreter waits for
-    a call in flight, which ends within the client's operation timeout, rather than
-    tear a thread down inside the C++ client."""
-    global _call_threads, _call_threads_pid
-    if _call_threads is None or _call_threads_pid != os.getpid():
-        _call_threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="walsvc-pulsar-call")
-        _call_threads_pid = os.getpid()
-    return asyncio.get_running_loop().run_in_executor(_call_threads, call, *args)
+    Pulsar read path"). At exit the interpreter waits for a call in flight, which ends
+    within the client's operation timeout (``ProcessThreads``)."""
+    return asyncio.get_running_loop().run_in_executor(_call_threads.executor(), call, *args)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, value: Any) -> None:

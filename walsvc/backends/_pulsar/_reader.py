@@ -23,8 +23,6 @@ pulsar-client's heap (ARCHITECTURE.md, "The Pulsar read path").
 from __future__ import annotations
 
 import asyncio
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, final
 
 import pulsar
@@ -35,6 +33,7 @@ from ._calls import Reader
 from ._client import PULSAR_ERRORS, call_in_thread, translate
 from ._creations import Creations
 from ._ids import PulsarMessageId
+from ._threads import ProcessThreads
 
 __all__ = ("OrderedReader", "redeliveries_dropped")
 
@@ -54,17 +53,7 @@ _WORKERS: Final = 64
 #: dropped; Pulsar Lite re-sends ranges of entries to a reader now and then.
 redeliveries_dropped = 0
 
-_executor: ThreadPoolExecutor | None = None
-_executor_pid = 0
-
-
-def _waiters() -> ThreadPoolExecutor:
-    """The process's worker threads for blocking pops (made anew in a forked child)."""
-    global _executor, _executor_pid
-    if _executor is None or _executor_pid != os.getpid():
-        _executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="walsvc-pulsar-read")
-        _executor_pid = os.getpid()
-    return _executor
+_waiters: Final = ProcessThreads(_WORKERS, "walsvc-pulsar-read")
 
 
 def _pop_queued(raw: Any, limit: int) -> list[Any]:
@@ -164,7 +153,7 @@ class OrderedReader:
                 if messages:
                     break
                 self._waiting = asyncio.get_running_loop().run_in_executor(
-                    _waiters(), _wait_for_messages, self._raw
+                    _waiters.executor(), _wait_for_messages, self._raw
                 )
             waiting = self._waiting
             try:
