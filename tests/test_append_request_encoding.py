@@ -1,14 +1,14 @@
 """The client's compiled append path (``walsvc/remote/_cclient.c``) writes, byte for
 byte, the ``Append``/``AppendMany`` requests the Python path (``_check_user_message``,
-``_ProducerKeys``, ``_wire`` and msgspec) writes, producer keys included, and turns the
-node's answers into the ``AppendResult``s ``RemoteWAL._result`` makes. What it does not
-take it declines (None), and the Python path then encodes it or raises what it raises.
-A request queued as its bytes is resent after a reconnect with the same producer keys."""
+``_ProducerKeys``, ``_wire`` and msgspec) writes, producer keys included. What it does not
+take it declines (None), and the Python path then encodes it or raises what it raises;
+``RemoteWAL.append`` and ``append_many`` give the same on either path. A request queued
+as its bytes is resent after a reconnect with the same producer keys. (How the node's
+answers become ``AppendResult``s: ``test_append_answer_decoding``.)"""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import types
 import uuid
 from collections.abc import Iterator, Mapping
@@ -16,6 +16,18 @@ from typing import Any
 
 import msgspec
 import pytest
+from _append_support import (
+    INT64,
+    Answered,
+    InstantConnection,
+    encode,
+    outcome,
+    remote_wal,
+    run,
+    wal_append,
+    wal_append_many,
+)
+from _append_support import plain as _plain
 from _chain_support import whole_log
 from _tcp_proxy import TcpProxy
 from hypothesis import example, given
@@ -23,35 +35,21 @@ from hypothesis import strategies as st
 
 import walsvc
 from walsvc import Message, MessageType
-from walsvc.backends._file._ids import FileMessageId
-from walsvc.backends._kafka._ids import KafkaMessageId
 from walsvc.backends._memory import MemoryMessageId
-from walsvc.backends._pulsar._ids import PulsarMessageId
-from walsvc.core._errors import CorruptRecord
-from walsvc.core._message import SYSTEM_TYPES, AppendResult, TxnContext
+from walsvc.core._message import SYSTEM_TYPES, TxnContext
 from walsvc.remote import _client, _connection
 from walsvc.remote._frames import FrameWriter
 from walsvc.remote._pending import Pending, PendingRequests
-from walsvc.remote._protocol import (
-    PRODUCER_KEY_PREFIX,
-    Append,
-    Appended,
-    AppendMany,
-    ClientMessage,
-    Opened,
-    WireResult,
-)
+from walsvc.remote._protocol import PRODUCER_KEY_PREFIX, Append, AppendMany, ClientMessage
 
 _cclient = _client._cclient
-_encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(ClientMessage).decode
 
 # Lengths where msgpack changes format (fix, 8-, 16- and 32-bit lengths).
 _EDGES = [0, 1, 15, 16, 31, 32, 255, 256, 65535, 65536]
-_INT64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 _POSITIVE_EDGES = [0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, 2**63]
 _NEGATIVE_EDGES = [-1, -32, -33, -128, -129, -32768, -32769, -(2**31), -(2**31) - 1, -(2**63)]
-_INTS = _INT64 | st.sampled_from([*_POSITIVE_EDGES, 2**64 - 1, *_NEGATIVE_EDGES])
+_INTS = INT64 | st.sampled_from([*_POSITIVE_EDGES, 2**64 - 1, *_NEGATIVE_EDGES])
 
 
 def _sized(n: int, fill: str = "x") -> str:
@@ -110,7 +108,7 @@ def _python(
         _client._check_user_message(message)
     wires = [_client._wire(m, keys(m)) for m in messages]
     item = AppendMany(request, wal, wires) if many else Append(request, wal, wires[0])
-    return _encode(item), keys._next
+    return encode(item), keys._next
 
 
 def test_the_compiled_client_is_built() -> None:
@@ -145,12 +143,6 @@ def test_batches_at_the_array_length_edges(count: int) -> None:
     assert compiled == _python(3, 4, messages, "~edge.", 0)
     assert compiled is not None
     assert compiled[1] == count
-
-
-def _plain(**changes: Any) -> Message:
-    fields: dict[str, Any] = {"payload": b"x", "vchannel": "v"}
-    fields.update(changes)
-    return Message(**fields)
 
 
 class _Sub(Message, kw_only=True):
@@ -217,13 +209,6 @@ _DECLINED = {
 }
 
 
-def _outcome(call: Any) -> Any:
-    try:
-        return call()
-    except Exception as exc:
-        return (type(exc), str(exc))
-
-
 @pytest.mark.parametrize("name", list(_DECLINED))
 def test_what_the_compiled_encoding_declines_goes_the_python_way(name: str) -> None:
     """The compiled path declines (None) what it does not take; the Python path then
@@ -233,16 +218,16 @@ def test_what_the_compiled_encoding_declines_goes_the_python_way(name: str) -> N
     assert _cclient.encode_append_many(1, 7, batch, "~p.", 5) is None
     assert _cclient.encode_append(1, 7, declined, "~p.", 5) is None
     for python, wal in (
-        (lambda: _python(1, 7, batch, "~p.", 5), lambda: _wal_append_many(batch)),
-        (lambda: _python(1, 7, [declined], "~p.", 5, many=False), lambda: _wal_append(declined)),
+        (lambda: _python(1, 7, batch, "~p.", 5), lambda: wal_append_many(batch)),
+        (lambda: _python(1, 7, [declined], "~p.", 5, many=False), lambda: wal_append(declined)),
     ):
-        expected = _outcome(python)
+        expected = outcome(python)
         if isinstance(expected[0], bytes):  # what a RemoteWAL (request 1, handle 7) sends
             expected = ([(expected[0], True)], expected[1])
-        assert _outcome(lambda: _sent(_run(wal()))) == expected  # noqa: B023 (called at once)
+        assert outcome(lambda: _sent(run(wal()))) == expected  # noqa: B023 (called at once)
 
 
-def _sent(answered: _Answered) -> tuple[list[tuple[bytes, bool]], int]:
+def _sent(answered: Answered) -> tuple[list[tuple[bytes, bool]], int]:
     return answered.sent, answered.next_key
 
 
@@ -281,7 +266,7 @@ def test_numbers_out_of_range_are_declined(
 def test_an_empty_batch_is_declined() -> None:
     """``append_many([])`` sends nothing (the Python path returns [])."""
     assert _cclient.encode_append_many(1, 1, [], "~p.", 0) is None
-    assert _run(_wal_append_many([])) == _Answered([], [], 5)
+    assert run(wal_append_many([])) == Answered([], [], 5)
 
 
 def test_a_user_key_needs_no_number() -> None:
@@ -292,252 +277,7 @@ def test_a_user_key_needs_no_number() -> None:
     )
 
 
-# -- results ---------------------------------------------------------------------------
-
-_SEQUENCES: dict[str, type[Any]] = {
-    "file": FileMessageId,
-    "memory": MemoryMessageId,
-    "kafka": KafkaMessageId,
-}
-# Up to 19 digits (more: the Python path parses them).
-_POSITIONS = st.integers(min_value=0, max_value=10**19 - 1) | st.sampled_from(
-    [0, 9, 10, 2**31, 2**62, 2**63 - 1, 2**63, 10**18, 10**19 - 1]
-)
-
-
-def _wire_results() -> st.SearchStrategy[list[WireResult]]:
-    scheme = st.sampled_from(list(_SEQUENCES))
-    lcs = st.none() | st.sampled_from(["{s}:0", "{s}:7", "{s}:9223372036854775807"])
-
-    def results(s: str) -> st.SearchStrategy[list[WireResult]]:
-        return st.lists(
-            st.builds(
-                lambda position, tick, lc: WireResult(
-                    f"{s}:{position}", tick, None if lc is None else lc.format(s=s)
-                ),
-                _POSITIONS,
-                _INT64,
-                lcs,
-            ),
-            max_size=20,
-        )
-
-    return scheme.flatmap(results)
-
-
-def _parsers(seed: str | None = None) -> tuple[_client._Ids, _client._Ids]:
-    """An id parser and a last-confirmed id parser that know the sequence schemes (and
-    have parsed ``seed`` last)."""
-    ids = _client._Ids(dict(_SEQUENCES))
-    lc_ids = _client._Ids(ids.sequences)
-    if seed is not None:
-        lc_ids(seed)
-    return ids, lc_ids
-
-
-def _python_results(
-    wires: list[WireResult], ids: _client._Ids, lc_ids: _client._Ids
-) -> list[AppendResult]:
-    """``RemoteWAL._result`` of each, with these parsers."""
-    return [
-        AppendResult(
-            ids(w.message_id),
-            w.timetick,
-            None if w.last_confirmed_id is None else lc_ids(w.last_confirmed_id),
-        )
-        for w in wires
-    ]
-
-
-def _shared(results: list[AppendResult]) -> list[bool]:
-    """Which results share their last-confirmed id object with the one before."""
-    return [
-        a.last_confirmed_id is not None and a.last_confirmed_id is b.last_confirmed_id
-        for a, b in itertools.pairwise(results)
-    ]
-
-
-@given(_wire_results(), st.sampled_from([None, "memory:7", "file:0", "kafka:5"]))
-def test_the_compiled_results_are_the_python_results(
-    wires: list[WireResult], seed: str | None
-) -> None:
-    ids, lc_ids = _parsers(seed)
-    seeded = lc_ids._last
-    compiled = _cclient.results_of(wires, ids.sequences, lc_ids)
-    python_ids, python_lc_ids = _parsers(seed)
-    python_seeded = python_lc_ids._last
-    expected = _python_results(wires, python_ids, python_lc_ids)
-    assert compiled == expected
-    assert [type(r.message_id) for r in compiled] == [type(r.message_id) for r in expected]
-    # the same objects shared as _Ids shares them, and the same cache left behind
-    assert _shared(compiled) == _shared(expected)
-    assert [r.last_confirmed_id is seeded for r in compiled] == [
-        r.last_confirmed_id is python_seeded for r in expected
-    ]
-    assert (lc_ids._last_text, lc_ids._last) == (python_lc_ids._last_text, python_lc_ids._last)
-
-
-def test_a_repeated_last_confirmed_id_is_one_object_across_calls() -> None:
-    ids, lc_ids = _parsers("file:3")
-    seeded = lc_ids._last
-    first = _cclient.results_of(
-        [WireResult("file:5", 1, "file:3"), WireResult("file:6", 2, "file:3")],
-        ids.sequences,
-        lc_ids,
-    )
-    assert first is not None
-    assert first[0].last_confirmed_id is seeded
-    assert first[1].last_confirmed_id is seeded
-    moved = _cclient.results_of([WireResult("file:7", 3, "file:6")], ids.sequences, lc_ids)
-    assert moved is not None
-    assert lc_ids._last is moved[0].last_confirmed_id
-    assert lc_ids._last_text == "file:6"
-    again = _cclient.results_of([WireResult("file:8", 4, "file:6")], ids.sequences, lc_ids)
-    assert again is not None
-    assert again[0].last_confirmed_id is moved[0].last_confirmed_id
-    assert [r.last_confirmed_id for r in (*first, *moved)] == [
-        FileMessageId(3),
-        FileMessageId(3),
-        FileMessageId(6),
-    ]
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "pulsar:1:2:-1:-1",  # not a sequence id: the Python path parses it
-        "nosuch:5",  # a scheme not in the classes
-        "memory:12a",
-        "memory:",
-        "memory:-1",
-        "memory:+1",
-        "memory: 1",
-        "memory:1_0",
-        "memory:\u0663",  # an Arabic-Indic digit: isdigit, not ASCII
-        "memory:\u00b2",
-        "memory5",
-        ":5",
-        "memory:12345678901234567890",  # 20 digits: Python takes the longer number
-    ],
-)
-@pytest.mark.parametrize("where", ["message_id", "last_confirmed_id"])
-def test_what_results_of_declines_goes_the_python_way(text: str, where: str) -> None:
-    """Declined (None), the Python ``_result`` raises ``CorruptRecord`` for a bad
-    position, ``UnknownBackend`` for an unknown scheme, or parses what it can."""
-    good = WireResult("memory:1", 1, "memory:0")
-    bad = msgspec.structs.replace(good, **{where: text})
-    ids, lc_ids = _parsers()
-    assert _cclient.results_of([good, bad], ids.sequences, lc_ids) is None
-    assert lc_ids._last is None  # the cache moves only with results it gave
-    expected = _outcome(lambda: _python_results([good, bad], *_parsers()))
-    if text.startswith("memory") and not text.startswith("memory:1234"):
-        assert isinstance(expected, tuple)
-        assert expected[0] is CorruptRecord
-    batch = [_plain(), _plain()]
-    assert _outcome(lambda: _run(_wal_append_many(batch, answer=[good, bad])).results) == expected
-
-
-def test_ids_of_classes_with_their_own_parsing_are_not_learned() -> None:
-    """The Python parser teaches the compiled path the sequence classes only."""
-    ids, _ = _parsers()
-    ids.sequences.clear()
-    ids("memory:4")
-    ids(PulsarMessageId(1, 2, -1).marshal())
-    assert ids.sequences == {"memory": MemoryMessageId}
-
-
 # -- the WAL's two paths, with a connection that answers at once -----------------------
-
-
-class _Connection:
-    """Stands in for ``Connection``: records each request (its bytes and resend flag)
-    and answers it at once, with ``answer`` or memory ids counting up. Every request
-    id is 1: a call the compiled path declined takes another id on its Python path,
-    and the requests of the two paths are compared byte for byte."""
-
-    def __init__(self, answer: list[WireResult] | None) -> None:
-        self.sent: list[tuple[bytes, bool]] = []
-        self.full = False
-        self.waited = False
-        self._answer = answer
-        self._positions = itertools.count(100)
-
-    def on_reconnect(self, reopen: Any) -> None:
-        pass
-
-    def saw_tick(self, timetick: int) -> None:
-        pass
-
-    async def room(self) -> None:
-        self.waited = True
-        self.full = False
-
-    def next_id(self) -> int:
-        return 1
-
-    def request(self, item: Any, request: int, *, append: bool, resend: bool) -> Pending:
-        data = item if type(item) is bytes else _encode(item)
-        self.sent.append((data, resend))
-        fields = msgspec.msgpack.decode(data)  # untyped: properties may not be str
-        count = len(fields[3]) if fields[0] == AppendMany.__struct_config__.tag else 1
-        answer = self._answer or [
-            WireResult(f"memory:{next(self._positions)}", 1000 + i, "memory:99")
-            for i in range(count)
-        ]
-        future = asyncio.get_running_loop().create_future()
-        future.set_result(Appended(request, answer))
-        return Pending(future, item, append, resend)
-
-
-class _Answered(msgspec.Struct, frozen=True):
-    results: list[AppendResult]
-    sent: list[tuple[bytes, bool]]
-    next_key: int
-
-
-def _wal(conn: _Connection) -> _client.RemoteWAL:
-    wal = _client.RemoteWAL(
-        conn,  # type: ignore[arg-type]
-        Opened(1, 7, 1, False, "memory"),
-        "p",
-        (16, 1 << 20),
-    )
-    assert wal._keys is not None
-    wal._keys._prefix = "~p."
-    wal._keys._next = 5
-    return wal
-
-
-async def _wal_append_many(
-    batch: list[Any],
-    *,
-    compiled: bool = True,
-    answer: list[WireResult] | None = None,
-    full: bool = False,
-) -> _Answered:
-    conn = _Connection(answer)
-    conn.full = full
-    wal = _wal(conn)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_client, "compiled", compiled)
-        results = await wal.append_many(batch)
-    assert wal._keys is not None
-    return _Answered(results, conn.sent, wal._keys._next)
-
-
-async def _wal_append(message: Any, *, compiled: bool = True, full: bool = False) -> _Answered:
-    conn = _Connection(None)
-    conn.full = full
-    wal = _wal(conn)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_client, "compiled", compiled)
-        result = await wal.append(message)
-    assert wal._keys is not None
-    return _Answered([result], conn.sent, wal._keys._next)
-
-
-def _run(coroutine: Any) -> Any:
-    return asyncio.run(coroutine)
 
 
 _SOME_DECLINED = st.sampled_from(list(_DECLINED.values()))
@@ -547,23 +287,23 @@ _SOME_DECLINED = st.sampled_from(list(_DECLINED.values()))
 def test_append_many_gives_what_the_python_path_gives(batch: list[Any], full: bool) -> None:
     """``RemoteWAL.append_many`` compiled and in Python, with room or after waiting for
     it: the same request (bytes, resend flag), producer key counter, results, or error."""
-    compiled = _outcome(lambda: _run(_wal_append_many(batch, compiled=True, full=full)))
-    python = _outcome(lambda: _run(_wal_append_many(batch, compiled=False, full=full)))
+    compiled = outcome(lambda: run(wal_append_many(batch, compiled=True, full=full)))
+    python = outcome(lambda: run(wal_append_many(batch, compiled=False, full=full)))
     assert compiled == python
 
 
 @given(MESSAGES | _SOME_DECLINED, st.booleans())
 def test_append_gives_what_the_python_path_gives(message: Any, full: bool) -> None:
-    compiled = _outcome(lambda: _run(_wal_append(message, compiled=True, full=full)))
-    python = _outcome(lambda: _run(_wal_append(message, compiled=False, full=full)))
+    compiled = outcome(lambda: run(wal_append(message, compiled=True, full=full)))
+    python = outcome(lambda: run(wal_append(message, compiled=False, full=full)))
     assert compiled == python
 
 
 @pytest.mark.parametrize("compiled", [True, False])
 async def test_a_refused_message_is_refused_before_waiting_for_room(compiled: bool) -> None:
-    conn = _Connection(None)
+    conn = InstantConnection(None)
     conn.full = True
-    wal = _wal(conn)
+    wal = remote_wal(conn)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_client, "compiled", compiled)
         with pytest.raises(walsvc.InvalidMessage):
@@ -662,8 +402,8 @@ async def test_a_compiled_append_is_resent_after_a_reconnect_with_its_producer_k
     assert len(singles) == 2
     for first, again in (firsts, singles):  # the same request, to the new handle
         assert again == msgspec.structs.replace(first, wal=again.wal)
-        assert _encode(first) in sent
-        assert _encode(again) in sent
+        assert encode(first) in sent
+        assert encode(again) in sent
     keys = [wire.idempotency_key for wire in firsts[0].messages]
     assert keys[-1] == "user-key"
     assert all(key is not None and key.startswith(PRODUCER_KEY_PREFIX) for key in keys[:-1])

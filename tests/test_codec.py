@@ -21,9 +21,7 @@ from walsvc.backends._memory import MemoryMessageId
 from walsvc.core._codec import (
     HEADER_SIZE,
     VERSION,
-    count_run,
     decode,
-    decode_run,
     decode_split,
     ext_fields,
     peek,
@@ -32,6 +30,7 @@ from walsvc.core._columns import HeaderColumns, decode_columns, gather_payloads,
 from walsvc.core._encode import (
     encode,
 )
+from walsvc.core._runs import count_run, decode_run
 
 messages = st.builds(
     Message,

@@ -1,5 +1,5 @@
 """The compiled header walk of a vchannel-only filter (``_speedups.match_hashes``, used by
-``walsvc.core._codec.decode_chunk``) against the Python walk it replaces: the same messages
+``walsvc.core._runs.decode_chunk``) against the Python walk it replaces: the same messages
 read a step at a time with any budget, and the same ``CorruptRecord`` (same message) for
 a run with bytes flipped or its tail cut. The compiled walk charges a header
 ``SKIP_COST``, the Python walk ``HEADER_COST`` (it takes about 60 times longer): a step
@@ -20,8 +20,8 @@ import walsvc.core._compiled
 from walsvc import CorruptRecord, Filter, Message, MessageType
 from walsvc.backends._memory import MemoryMessageId
 from walsvc.core._budget import DECODE_COST, HEADER_COST, SKIP_COST
-from walsvc.core._codec import decode_chunk
 from walsvc.core._encode import encode
+from walsvc.core._runs import decode_chunk
 
 # "plumless" and "buckeroo" share a CRC-32: the walk matches both, the name check one.
 VCHANNELS = ["", "a", "b", "plumless", "buckeroo", "c"]

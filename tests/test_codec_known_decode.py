@@ -1,5 +1,5 @@
 """The compiled decode of a run read with a filter that admits everything
-(``_speedups.decode_known``, used by ``walsvc.core._codec.decode_chunk``; and for each
+(``_speedups.decode_known``, used by ``walsvc.core._runs.decode_chunk``; and for each
 match of a vchannel filter) against the Python loop it shortens: the same messages,
 stopping point and units for every budget, and the same ``CorruptRecord`` (same
 message) for a run with bytes flipped or its tail cut. The compiled loop makes only what
@@ -24,9 +24,9 @@ from walsvc import CorruptRecord, Filter, ImmutableMessage, Message, MessageType
 from walsvc.backends._file._ids import FileMessageId
 from walsvc.backends._memory import MemoryMessageId
 from walsvc.core._budget import DECODE_COST
-from walsvc.core._codec import decode_chunk
 from walsvc.core._encode import encode
 from walsvc.core._message import NO_PROPERTIES
+from walsvc.core._runs import decode_chunk
 
 _ALL = Filter()
 VCHANNELS = st.one_of(st.sampled_from(["", "a", "b", "plumless", "buckeroo"]), TEXT)

@@ -126,7 +126,7 @@ async def test_a_pulsar_writer_fenced_by_the_broker_is_told_who_from_the_log(
     """Apache Pulsar fences the older ``ExclusiveWithFencing`` producer itself, so its
     sends fail (``ProducerFenced``) before it reads any barrier; the writer then looks the
     barrier up. Pulsar Lite does not enforce exclusive producers (see
-    ``test_pulsar_backend.test_broker_fences_an_exclusive_producer``), so the broker's
+    ``test_pulsar_writer.test_broker_fences_an_exclusive_producer``), so the broker's
     refusal is stood in for here."""
     pch = pchannel()
     async with asyncio.timeout(PULSAR_HANG), await walsvc.open_wal(broker.url, pch) as old:

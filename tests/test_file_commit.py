@@ -26,6 +26,7 @@ from walsvc import AppendOutcomeUnknown, AppendResult, CorruptRecord, Message, W
 from walsvc.backends._file import FileMessageId, _ccommit
 from walsvc.backends._file import _writer as writer_module
 from walsvc.backends._file._head import HeadFile, HeadState
+from walsvc.backends._file._workers import WORKER_THREADS, worker_pool
 from walsvc.backends._file._writer import GroupCommitWriter
 
 
@@ -286,7 +287,7 @@ async def test_closing_releases_the_thread_and_the_eventfd(
     await a_round(tmp_path / "warm-up")  # the loop's default executor starts its thread
     fds = _open_fds()
     workers = _writer_threads()[1]
-    assert 1 <= workers <= writer_module.WORKER_THREADS
+    assert 1 <= workers <= WORKER_THREADS
     for round_ in range(3):
         await a_round(tmp_path / str(round_))
     assert await _settled_writer_threads() == (0, workers)  # workers are shared: never more
@@ -302,7 +303,7 @@ def test_a_loop_closed_with_a_batch_on_the_worker_leaves_no_traceback(
     after the write would leave it."""
     monkeypatch.setattr(writer_module, "_ccommit", None)
     writing, release, answered = threading.Event(), threading.Event(), threading.Event()
-    real_write, real_pool = GroupCommitWriter._write, writer_module._worker_pool
+    real_write, real_pool = GroupCommitWriter._write, worker_pool
 
     def held_write(writer: GroupCommitWriter, *args: Any) -> None:
         writing.set()
@@ -325,7 +326,7 @@ def test_a_loop_closed_with_a_batch_on_the_worker_leaves_no_traceback(
             return future
 
     monkeypatch.setattr(GroupCommitWriter, "_write", held_write)
-    monkeypatch.setattr(writer_module, "_worker_pool", Pool)
+    monkeypatch.setattr(writer_module, "worker_pool", Pool)
 
     async def leave_open() -> None:
         wal = await open_bare(tmp_path)
@@ -338,7 +339,7 @@ def test_a_loop_closed_with_a_batch_on_the_worker_leaves_no_traceback(
     assert answered.wait(10)
     assert not [r for r in caplog.records if r.name == "concurrent.futures"]
     monkeypatch.setattr(GroupCommitWriter, "_write", real_write)
-    monkeypatch.setattr(writer_module, "_worker_pool", real_pool)
+    monkeypatch.setattr(writer_module, "worker_pool", real_pool)
     assert asyncio.run(payloads_in(tmp_path)) == [message(7).payload]
 
 

@@ -23,6 +23,7 @@ from interceptors import TimetickSync, default_chain
 from walsvc import DeliverPolicy, Message, MessageType, WALClosed, WALFenced
 from walsvc.backends._file import _ccommit
 from walsvc.backends._file import _writer as writer_module
+from walsvc.backends._file._workers import WORKER_THREADS
 from walsvc.wal._context import WALContext
 
 IDLE = 0.02  # seconds a commit thread waits for a batch here before it exits
@@ -216,7 +217,7 @@ async def test_idle_file_wals_keep_no_commit_thread(tmp_path: Path, short_idle: 
         for wal in wals:
             await wal.wait_ready()
         workers = sum(t.name.startswith("walsvc-file-writer") for t in threading.enumerate())
-        assert workers <= writer_module.WORKER_THREADS  # shared: not one per WAL
+        assert workers <= WORKER_THREADS  # shared: not one per WAL
         for i, wal in enumerate(wals):
             await wal.append(message(i))  # past the runway batch: on the commit thread
         assert all(committer_of(w).threads_started >= 1 for w in wals)

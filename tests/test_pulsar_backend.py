@@ -1,12 +1,15 @@
-"""The ``pulsar://`` backend against a real Pulsar-protocol broker (Pulsar Lite)."""
+"""The ``pulsar://`` backend against a real Pulsar-protocol broker (Pulsar Lite): the
+conformance battery, message ids, options and what opening a WAL refuses, and the
+backend's reads (redelivered entries dropped, a cancelled fetch that loses nothing,
+foreign records, a tail read out of time). Pulsar Lite's deviations from Apache Pulsar
+are strict xfails. Writers and fencing are in ``test_pulsar_writer``, a broker stopped
+and restarted mid-stream in ``test_pulsar_restarts``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
-import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
@@ -22,18 +25,13 @@ from _pulsar_lite import (
     client_logger,
     data,
     in_plain_client,
-    own_broker,
     pchannel,
-    raw_payloads,
     read_labels,
-    take_data,
 )
-from pulsar import _pulsar
 
 import walsvc
 import walsvc.backends._pulsar._backend as pulsar_backend
 import walsvc.backends._pulsar._log
-import walsvc.backends._pulsar._writer
 from walsvc import DeliverPolicy, Filter, Message
 from walsvc.backends import BackendScanner
 from walsvc.backends._pulsar import PulsarMessageId
@@ -42,7 +40,7 @@ from walsvc.testing import check_backend
 Opener = Callable[..., Awaitable[walsvc.WAL]]
 
 # Fixtures imported from the helper module (pytest finds them by name here).
-__all__ = ("broker", "own_broker")
+__all__ = ("broker",)
 
 
 def opener(url: str, **options: Any) -> Opener:
@@ -59,7 +57,7 @@ async def test_conformance(broker: PulsarLite) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Ids and options
+# Ids, options and opening
 
 
 def test_message_id_order_marshal_and_registry() -> None:
@@ -144,6 +142,28 @@ async def test_truncation_step(broker: PulsarLite) -> None:
     from walsvc.testing import check_truncation
 
     await check_truncation(opener(broker.url))
+
+
+async def test_a_partitioned_topic_is_refused(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pulsar Lite cannot create partitioned topics (no admin API), so the client's answer
+    is stubbed: a topic reported with two partitions is refused with a clear error."""
+    pchannel = f"parted-{uuid.uuid4().hex[:8]}"
+
+    async def two_partitions(client: Any, topic: str) -> list[str]:
+        return [f"{topic}-partition-0", f"{topic}-partition-1"]
+
+    monkeypatch.setattr(pulsar_backend, "topic_partitions", two_partitions)
+    with pytest.raises(walsvc.InvalidArgument, match="has 2 partitions"):
+        await walsvc.open_wal(broker.url, pchannel)
+    monkeypatch.undo()
+    async with await walsvc.open_wal(broker.url, pchannel) as wal:  # one partition: fine
+        await wal.append(Message(payload=b"x", vchannel="v"))
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
 
 
 @pytest.mark.xfail(
@@ -287,345 +307,6 @@ async def _fetch_until_error(scanner: BackendScanner) -> None:
         await scanner.next_batch()
 
 
-# ---------------------------------------------------------------------------------------
-# Fencing by the predecessor chain (Milvus issue #53368)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="Pulsar Lite deviation: ProducerAccessMode.ExclusiveWithFencing is accepted but"
-    " not enforced (the older producer keeps sending)",
-)
-async def test_broker_fences_an_exclusive_producer(broker: PulsarLite) -> None:
-    client = pulsar_asyncio.Client(broker.url, logger=client_logger())
-    topic = f"persistent://public/default/exclusive-{uuid.uuid4().hex}"
-    mode = pulsar_asyncio.ProducerAccessMode.ExclusiveWithFencing
-    try:
-        old = await client.create_producer(topic, access_mode=mode)
-        await client.create_producer(topic, access_mode=mode)
-        with pytest.raises(pulsar_asyncio.PulsarException):
-            await old.send(b"after the takeover")
-    finally:
-        await client.close()
-
-
-async def test_old_writer_acked_delivered_fenced_not(broker: PulsarLite) -> None:
-    pch = pchannel()
-    # A bare old writer (no timetick sync), so its first append after the takeover is
-    # really sent rather than refused by an earlier timetick's WALFenced.
-    old = await walsvc.open_wal(broker.url, pch, interceptors=[])
-    try:
-        for i in range(3):
-            await old.append(data("old", i))
-        async with await walsvc.open_wal(broker.url, pch) as new:
-            assert new.term > old.term
-            with pytest.raises(walsvc.WALFenced):
-                await old.append(data("fenced", 0))
-            with pytest.raises(walsvc.WALFenced):
-                await old.append_many([data("fenced", 1), data("fenced", 2)])
-            with pytest.raises(walsvc.WALFenced):  # fenced forever
-                await old.append(data("fenced", 3))
-            for i in range(2):
-                await new.append(data("new", i))
-            # The first fenced append reached the topic (Pulsar Lite does not enforce
-            # exclusive producers) and every reader drops it; later ones were not sent.
-            stored = await raw_payloads(broker.url, backend_of(new).topic)
-            assert b"fenced:0" in stored
-            assert b"fenced:1" not in stored
-            expected = ["old:0", "old:1", "old:2", "new:0", "new:1"]
-            assert await read_labels(broker.url, pch, DeliverPolicy.all(), 5) == expected
-            async with new.read(DeliverPolicy.all()) as scanner:  # the full pipeline too
-                seen = [m.properties["n"] async for m in take_data(scanner, 5)]
-            assert seen == expected
-    finally:
-        await old.aclose()
-
-
-async def test_a_straggler_before_the_new_writers_group_is_skipped(broker: PulsarLite) -> None:
-    """The old writer's append lands between the new writer's barrier and its first
-    group: the old writer gets WALFenced (its message is invalid for readers), the new
-    writer notices the foreign message, sends its group again after it, and readers see
-    exactly the acknowledged messages."""
-    pch = pchannel()
-    old = await walsvc.open_wal(broker.url, pch, interceptors=[])
-    new = await walsvc.open_wal(broker.url, pch, interceptors=[])
-    try:
-        with pytest.raises(walsvc.WALFenced):
-            await old.append(data("straggler", 0))
-        await new.append(data("new", 0))
-        writer = backend_of(new)._writer
-        assert writer is not None
-        assert writer.resent == 1
-        await new.append(data("new", 1))
-        assert writer.resent == 1
-        stored = await raw_payloads(broker.url, backend_of(new).topic)
-        assert stored.count(b"new:0") == 2  # the invalid first send and the valid resend
-        assert b"straggler:0" in stored
-        labels = await read_labels(broker.url, pch, DeliverPolicy.all(), 2)
-        assert labels == ["new:0", "new:1"]
-    finally:
-        await old.aclose()
-        await new.aclose()
-
-
-async def test_newer_writer_is_never_fenced_by_an_older_one(broker: PulsarLite) -> None:
-    pch = pchannel()
-    old = await walsvc.open_wal(broker.url, pch, interceptors=[])
-    new = await walsvc.open_wal(broker.url, pch, interceptors=[])
-    try:
-
-        async def old_keeps_trying() -> int:
-            fenced = 0
-            for i in range(20):
-                with contextlib.suppress(walsvc.WALFenced):
-                    await old.append(data("old", i))
-                    continue
-                fenced += 1
-            return fenced
-
-        async def new_appends() -> list[walsvc.AppendResult]:
-            return [await new.append(data("new", i)) for i in range(20)]
-
-        fenced, results = await asyncio.gather(old_keeps_trying(), new_appends())
-        assert fenced == 20
-        assert len(results) == 20  # none of them raised
-        labels = await read_labels(broker.url, pch, DeliverPolicy.all(), 20)
-        assert labels == [f"new:{i}" for i in range(20)]
-    finally:
-        await old.aclose()
-        await new.aclose()
-
-
-async def test_takeover_race_readers_see_exactly_the_acked(broker: PulsarLite) -> None:
-    pch = pchannel()
-    old = await walsvc.open_wal(broker.url, pch, interceptors=[])
-    acked: list[tuple[PulsarMessageId, str]] = []
-    failed: list[str] = []
-    stop = asyncio.Event()
-
-    async def producer(k: int) -> None:
-        i = 0
-        while not stop.is_set():
-            label = f"old{k}:{i}"
-            try:
-                result = await old.append(data(label, 0, n=label))
-            except walsvc.WALFenced:
-                failed.append(label)
-                return
-            except walsvc.BackendUnavailable:
-                failed.append(label)
-            else:
-                assert isinstance(result.message_id, PulsarMessageId)
-                acked.append((result.message_id, label))
-            i += 1
-
-    try:
-        tasks = [asyncio.create_task(producer(k)) for k in range(8)]
-        await asyncio.sleep(0.05)
-        new = await walsvc.open_wal(broker.url, pch, interceptors=[])
-        try:
-            for i in range(10):
-                result = await new.append(data("new", i, n=f"new:{i}"))
-                assert isinstance(result.message_id, PulsarMessageId)
-                acked.append((result.message_id, f"new:{i}"))
-            async with asyncio.timeout(HANG):
-                await asyncio.gather(*tasks)  # every old producer ends fenced
-        finally:
-            stop.set()
-            await new.aclose()
-    finally:
-        stop.set()
-        await old.aclose()
-    assert len(failed) >= 8
-    acked.sort()
-    expected = [label for _, label in acked]
-    assert await read_labels(broker.url, pch, DeliverPolicy.all(), len(expected)) == expected
-    middle = len(acked) // 2
-    for deliver, want in (
-        (DeliverPolicy.start_from(acked[middle][0]), expected[middle:]),
-        (DeliverPolicy.start_after(acked[middle][0]), expected[middle + 1 :]),
-        (DeliverPolicy.start_after(acked[-1][0]), []),
-    ):
-        assert await read_labels(broker.url, pch, deliver, len(want)) == want
-
-
-async def test_a_lone_writer_never_reads_to_check_its_groups(broker: PulsarLite) -> None:
-    """The cheap check (contiguous ids) settles every group of an undisturbed writer."""
-    async with await walsvc.open_wal(broker.url, pchannel()) as wal:
-        await asyncio.gather(*(wal.append(data("a", i)) for i in range(300)))
-        writer = backend_of(wal)._writer
-        assert writer is not None
-        assert writer.resolved_by_reading == 0
-
-
-# ---------------------------------------------------------------------------------------
-# Faults: the broker stops and restarts mid-stream
-
-
-async def test_broker_restart_mid_stream(own_broker: PulsarLite) -> None:
-    """Appends during the outage fail (typed, or by the caller's deadline); after the
-    restart every key is retried until it succeeds, reopening the WAL when dedup blocked
-    a key whose cancelled append it could not resolve. Every acked message is read back
-    once, in id order, and a retried key answers its original id. The outage (five
-    appends, each given 0.5 s) lasts about as long as ``operation_timeout`` (2.5 s), so the
-    send of the first group in flight times out about when the broker comes back."""
-    pch = pchannel()
-    url = own_broker.url
-    wals = [await walsvc.open_wal(url, pch, operation_timeout=2.5)]
-    acked: dict[str, PulsarMessageId] = {}
-    outage_outcomes: list[str] = []
-
-    async def append(i: int, deadline: float) -> str:
-        message = Message(
-            payload=f"m:{i}".encode(),
-            vchannel="v",
-            properties={"n": f"m:{i}"},
-            idempotency_key=walsvc.producer_key("test", i),
-        )
-        try:
-            async with asyncio.timeout(deadline):
-                result = await wals[-1].append(message)
-        except (walsvc.BackendUnavailable, walsvc.AppendOutcomeUnknown, TimeoutError) as exc:
-            return type(exc).__name__
-        assert isinstance(result.message_id, PulsarMessageId)
-        assert acked.setdefault(f"m:{i}", result.message_id) == result.message_id
-        return "ok"
-
-    try:
-        for i in range(20):
-            assert await append(i, HANG) == "ok"
-        own_broker.stop()
-        outage_outcomes = [await append(i, 0.5) for i in range(20, 25)]
-        own_broker.start()
-        for i in [*range(20, 25), 0, 5, 19]:
-            async with asyncio.timeout(HANG):
-                while (outcome := await append(i, 10.0)) != "ok":
-                    if outcome == "AppendOutcomeUnknown":  # the key is blocked: reopen
-                        await wals[-1].aclose()
-                        wals.append(await walsvc.open_wal(url, pch, operation_timeout=2.5))
-                    await asyncio.sleep(0.05)
-        for i in range(25, 35):
-            assert await append(i, HANG) == "ok"
-    finally:
-        for wal in wals:
-            await wal.aclose()
-    assert "ok" not in outage_outcomes
-    expected = [label for label, _ in sorted(acked.items(), key=lambda item: item[1])]
-    assert len(expected) == 35
-    assert await read_labels(url, pch, DeliverPolicy.all(), 35) == expected
-
-
-async def test_reader_resumes_from_a_checkpoint_without_gap(own_broker: PulsarLite) -> None:
-    pch = pchannel()
-    async with await walsvc.open_wal(own_broker.url, pch) as wal:
-        for i in range(30):
-            await wal.append(data("c", i))
-        async with wal.read(DeliverPolicy.all()) as scanner:
-            first = [m async for m in take_data(scanner, 12)]
-        checkpoint = first[-1].checkpoint
-        own_broker.restart()
-        for i in range(30, 40):
-            async with asyncio.timeout(HANG):
-                while True:
-                    try:
-                        await wal.append(data("c", i))
-                        break
-                    except walsvc.BackendUnavailable:
-                        await asyncio.sleep(0.1)
-    async with await walsvc.open_wal(own_broker.url, pch, read_only=True) as reader:
-        async with reader.read(DeliverPolicy.from_checkpoint(checkpoint)) as scanner:
-            rest = [m async for m in take_data(scanner, 28)]
-    labels = [m.properties["n"] for m in first + rest]
-    assert labels == [f"c:{i}" for i in range(40)]
-
-
-# ---------------------------------------------------------------------------------------
-# The seal: a failed send that the broker persists later never becomes valid
-
-
-class _LateSends:
-    """Stands in for the writer's ``pulsar.asyncio.Producer``: the first ``hold`` sends
-    are reported failed (Result.Timeout) but kept, and ``release`` sends them for real
-    later: bytes a broker persists after their producer gave up on them (a fault no
-    real broker produces on demand). Reports itself disconnected while it holds any."""
-
-    def __init__(self, real: pulsar_asyncio.Producer, hold: int) -> None:
-        self.real = real
-        self._producer = self
-        self._hold = hold
-        self.held: list[Any] = []
-
-    def is_connected(self) -> bool:
-        return not self.held and bool(self.real.is_connected())
-
-    def send_async(self, message: Any, callback: Callable[[Any, Any], None]) -> None:
-        if self._hold > 0:
-            self._hold -= 1
-            self.held.append(message)
-            callback(_pulsar.Result.Timeout, None)
-            return
-        self.real._producer.send_async(message, callback)
-
-    def flush_async(self, callback: Callable[[Any], None]) -> None:
-        self.real._producer.flush_async(callback)
-
-    async def release(self) -> None:
-        loop = asyncio.get_running_loop()
-        for message in self.held:
-            done: asyncio.Future[Any] = loop.create_future()
-
-            def callback(result: Any, _id: Any, done: asyncio.Future[Any] = done) -> None:
-                loop.call_soon_threadsafe(done.set_result, result)
-
-            self.real._producer.send_async(message, callback)
-            self.real._producer.flush_async(lambda result: None)
-            async with asyncio.timeout(HANG):
-                assert await done == _pulsar.Result.Ok
-        self.held = []
-
-
-async def test_a_failed_group_persisted_later_stays_invalid(broker: PulsarLite) -> None:
-    pch = pchannel()
-    async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
-        await wal.append(data("before", 0))
-        writer = backend_of(wal)._writer
-        assert writer is not None
-        real = writer._producer
-        late = _LateSends(real, hold=1)
-        writer._producer = late  # type: ignore[assignment]
-        with pytest.raises(walsvc.BackendUnavailable):
-            await wal.append(data("lost", 0))
-        assert writer.sealed == 1
-        await late.release()  # the "lost" bytes land now, after the seal
-        writer._producer = real
-        await wal.append(data("after", 0))
-        stored = await raw_payloads(broker.url, backend_of(wal).topic)
-        assert b"lost:0" in stored
-        assert await read_labels(broker.url, pch, DeliverPolicy.all(), 2) == [
-            "before:0",
-            "after:0",
-        ]
-        assert await wal.latest_message_id() is not None
-
-
-async def test_a_partitioned_topic_is_refused(
-    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Pulsar Lite cannot create partitioned topics (no admin API), so the client's answer
-    is stubbed: a topic reported with two partitions is refused with a clear error."""
-    pchannel = f"parted-{uuid.uuid4().hex[:8]}"
-
-    async def two_partitions(client: Any, topic: str) -> list[str]:
-        return [f"{topic}-partition-0", f"{topic}-partition-1"]
-
-    monkeypatch.setattr(pulsar_backend, "topic_partitions", two_partitions)
-    with pytest.raises(walsvc.InvalidArgument, match="has 2 partitions"):
-        await walsvc.open_wal(broker.url, pchannel)
-    monkeypatch.undo()
-    async with await walsvc.open_wal(broker.url, pchannel) as wal:  # one partition: fine
-        await wal.append(Message(payload=b"x", vchannel="v"))
-
-
 async def test_a_tail_read_that_runs_out_of_time_says_where_it_was(broker: PulsarLite) -> None:
     pch = pchannel()
     async with await walsvc.open_wal(broker.url, pch, interceptors=[]) as wal:
@@ -639,44 +320,3 @@ async def test_a_tail_read_that_runs_out_of_time_says_where_it_was(broker: Pulsa
             await reader.latest_message_id()
     finally:
         await reader.aclose()
-
-
-class _SlowAcks:
-    """Stands in for the writer's producer: every send goes to the broker, its result
-    reaches the writer ``delay`` seconds late (a broker slow to acknowledge)."""
-
-    def __init__(self, real: pulsar_asyncio.Producer, delay: float) -> None:
-        self.real = real
-        self._producer = self
-        self._delay = delay
-
-    def is_connected(self) -> bool:
-        return bool(self.real.is_connected())
-
-    def send_async(self, message: Any, callback: Callable[[Any, Any], None]) -> None:
-        def late(result: Any, message_id: Any) -> None:
-            threading.Timer(self._delay, callback, (result, message_id)).start()
-
-        self.real._producer.send_async(message, late)
-
-    def flush_async(self, callback: Callable[[Any], None]) -> None:
-        self.real._producer.flush_async(callback)
-
-
-async def test_a_group_slow_to_be_acknowledged_is_logged(
-    broker: PulsarLite, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(walsvc.backends._pulsar._sender, "SLOW_ACKS", 0.1)
-    async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
-        writer = backend_of(wal)._writer
-        assert writer is not None
-        real = writer._producer
-        writer._producer = _SlowAcks(real, 0.5)  # type: ignore[assignment]
-        with caplog.at_level(logging.WARNING, logger="walsvc.pulsar"):
-            result = await wal.append(data("slow", 0))
-        writer._producer = real
-        assert result.message_id is not None
-    (record,) = [r for r in caplog.records if r.name == "walsvc.pulsar"]
-    assert record.levelno == logging.WARNING
-    assert "1 of the 1 sends of group" in record.getMessage()
-    assert "not acknowledged after 0.1 s" in record.getMessage()

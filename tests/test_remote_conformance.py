@@ -21,8 +21,8 @@ import uuid
 from typing import Any
 
 import walsvc
-from walsvc.testing._conformance import _PChannelCheck
 from walsvc.testing._exactly_once import ExactlyOnceCheck
+from walsvc.testing._pchannel_check import PChannelCheck
 from walsvc.testing._scanner_conformance import ScannerCheck
 
 
@@ -38,7 +38,7 @@ async def test_the_applicable_conformance_steps_pass(node: str) -> None:
         check._last_term = 0  # one writer, the node: reopening keeps its term
         return await walsvc.open_wal(node, pchannel, read_only=read_only)
 
-    check = _PChannelCheck(open_for, f"conf-{uuid.uuid4().hex[:8]}", 200, 30.0)
+    check = PChannelCheck(open_for, f"conf-{uuid.uuid4().hex[:8]}", 200, 30.0)
     for round_ in (1, 2, 3):
         async with await check.open(read_only=False) as wal:
             await check.read_and_write(wal, round_)

@@ -55,12 +55,12 @@ from walsvc.core._codec import (
     HEADER_SIZE,
     EnvelopeHeader,
     decode,
-    decode_run,
     peek,
     timetick_of,
 )
 from walsvc.core._encode import encode
 from walsvc.core._ids import MessageId, SequenceMessageId
+from walsvc.core._runs import decode_run
 
 __all__ = (
     "DECODE_COST",

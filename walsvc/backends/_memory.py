@@ -13,12 +13,13 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Final, final
 
 from walsvc.core._budget import DECODE_COST, STEP, turn
-from walsvc.core._codec import decode_run, timetick_of
+from walsvc.core._codec import timetick_of
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import InvalidArgument, WALClosed, WALFenced, WALTruncated
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId, SequenceMessageId
 from walsvc.core._message import ImmutableMessage
+from walsvc.core._runs import decode_run
 
 from ._base import Backend, BackendScanner
 from ._subscriptions import StoredSubscription, SubscriptionStore

@@ -1,6 +1,7 @@
 """Writing envelopes: messages laid out as the bytes ``_codec`` describes.
 
-The appending side of the envelope (``_codec`` holds the format and the reading side):
+The appending side of the envelope (``_codec`` holds the format and the reading of one
+envelope, ``_runs`` and ``_columns`` the reading of runs):
 ``encode`` for any message, and the batch forms the WAL's serialization point uses for
 the common messages (no properties, no txn; with or without an idempotency key), which
 are compiled when walsvc was built with ``walsvc/core/_speedups.c``. A message too big

@@ -73,7 +73,7 @@
  *
  * match_hashes(data, start, end, hashes, units, extra) -> (matches, offset, examined, units)
  *
- * the header walk of walsvc.core._codec.decode_chunk for a vchannel-only filter: steps over
+ * the header walk of walsvc.core._runs.decode_chunk for a vchannel-only filter: steps over
  * envelopes from `start` while `units` last (each envelope examined costs 1, each one
  * whose vchannel hash is in the int collection `hashes` `extra` more) and returns the
  * flat list [offset, length, index, ...] of the matching envelopes (index: count of
@@ -85,7 +85,7 @@
  * decode_known(data, start, end, seq, stop, make_id, message_cls, vchannels, types, exts,
  *              last_confirmed_ids, no_properties) -> (messages, offset, seq)
  *
- * the loop of walsvc.core._codec.decode_chunk for a filter that admits everything: the
+ * the loop of walsvc.core._runs.decode_chunk for a filter that admits everything: the
  * envelopes from `start` (the first numbered `seq`) until `end` or sequence number
  * `stop`, each made into ImmutableMessage(make_id(seq), ...) as _codec._decode_at makes
  * it, with the offset and sequence number after the last one made. It makes only what
@@ -1168,7 +1168,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "walsvc.core._speedups",
-    .m_doc = "Compiled hot loops of walsvc.core._codec (optional: walsvc runs without them).",
+    .m_doc = "Compiled hot loops of walsvc.core._codec and _runs (optional: walsvc runs without them).",
     .m_size = -1,
     .m_methods = methods,
 };

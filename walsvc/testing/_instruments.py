@@ -14,7 +14,7 @@ from walsvc.core._message import AppendResult, ImmutableMessage, Message, Messag
 from walsvc.read._scanner import Scanner
 
 if TYPE_CHECKING:
-    from ._conformance import _PChannelCheck
+    from ._pchannel_kit import PChannelKit
 
 __all__ = ("MARK", "Reader", "Sent", "describe", "difference", "leaves", "task_group")
 
@@ -106,7 +106,7 @@ class Reader:
 
     def __init__(
         self,
-        check: _PChannelCheck,
+        check: PChannelKit,
         scanner: Scanner,
         name: str,
         floor: MessageId | None = None,

@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Final
 
-from walsvc.core._codec import last_timetick_of_run, offset_after
 from walsvc.core._errors import CorruptRecord, InvalidArgument
+from walsvc.core._runs import last_timetick_of_run, offset_after
 
 from ._directory import fsync_directory
 from ._format import segment_name, segment_seq

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from walsvc.core._codec import last_timetick_of_run
 from walsvc.core._errors import CorruptRecord
+from walsvc.core._runs import last_timetick_of_run
 
 from ._directory import LogDirectory, fsync_directory
 from ._format import FRAME_HEADER_SIZE, MAGIC, parse_frame_header, verify_frame

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from walsvc.backends._base import BackendScanner, EnvelopeRun
 from walsvc.core._budget import STEP, turn
-from walsvc.core._codec import decode_chunk, offset_after
 from walsvc.core._errors import BackendUnavailable, CorruptRecord, WALClosed, WALTruncated
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 from walsvc.core._message import ImmutableMessage
+from walsvc.core._runs import decode_chunk, offset_after
 
 from ._directory import HeadView
 from ._format import FrameHeader
@@ -107,7 +107,7 @@ class FileScanner(BackendScanner):
     ) -> tuple[list[Any], int, int, int]:
         """The items the records of a frame's body (whose last record is ``end_seq - 1``)
         from byte ``at`` (record ``first_seq``) make while ``units`` last
-        (``_codec.decode_chunk``): the messages the filter admits, the byte offset and
+        (``_runs.decode_chunk``): the messages the filter admits, the byte offset and
         record after the last one examined, and the units spent."""
         return decode_chunk(body, first_seq, FileMessageId, self._selected, at, len(body), units)
 

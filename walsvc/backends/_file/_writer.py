@@ -1,18 +1,16 @@
 """Group commit: every append queued while a batch is being made durable goes into the
-next batch, written with one ``write`` and one ``fdatasync`` in a worker thread. There is
+next batch, written with one ``write`` and one ``fdatasync`` in another thread. There is
 one thread hop per batch, never one per record.
 
-With ``sync="always"`` the writer keeps a zero-filled runway ahead of its write offset
-(up to ``RUNWAY`` bytes, never past ``segment_size``). Overwriting blocks the file already
-has lets ``fdatasync`` flush data only; appending past the end of the file would also
-commit the new size and extents to the journal, which doubles its cost here. The batch
-that reaches the end of the runway extends it (PostgreSQL zero-fills WAL segments for
-the same reason). A segment is cut to its last frame before the writer rolls to the next,
-so only the newest segment ever ends in zeros.
+A batch that needs no new segment and no runway goes to a ``_ccommit.Committer``: the
+same steps on a thread that never takes the GIL, which signals an eventfd the event loop
+watches (see ``_ccommit.c`` for why). The others, and every batch when walsvc was built
+without a C compiler, go to a Python worker thread (``_write``, and the rest of the
+writer's file operations: ``_segment_writer``). Either way one batch is in flight at a
+time, and a truncation waits its turn between batches.
 
-Under the writers' lock, before each batch, the writer re-reads the head file's term: if
-a newer writer opened the pchannel, nothing more is written and every append raises
-``WALFenced`` from then on.
+Once a batch finds that a newer writer opened the pchannel (its term in the head file
+changed), nothing more is written and every append raises ``WALFenced`` from then on.
 
 An I/O error (a full disk, EIO) fails the batch it hit with ``AppendOutcomeUnknown``, not
 the writer: before the next batch, under the lock, the writer cuts the log back to the
@@ -22,29 +20,23 @@ appends queued meanwhile fail with ``BackendUnavailable`` (nothing of them was w
 and the next append tries again; so a writer whose disk filled up appends again once
 space is free, without a reopen.
 
-A batch that needs no new segment and no runway goes to a ``_ccommit.Committer``: the
-same steps on a thread that never takes the GIL, which signals an eventfd the event loop
-watches (see ``_ccommit.c`` for why). The others, and every batch when walsvc was built
-without a C compiler, go to a Python worker thread (``_write``). Either way one batch is
-in flight at a time, and a truncation waits its turn between batches.
-
 Idle pchannels cost no thread: the commit thread exits once it has waited
 ``COMMIT_THREAD_IDLE`` seconds for a batch (the next batch starts another), and the
-worker threads are a pool every writer of the process shares (at most
-``WORKER_THREADS``; they take only the batches that roll a segment or extend the runway
-when the commit thread is there).
+worker threads are a pool every writer of the process shares (``_workers``; they take
+only the batches that roll a segment or extend the runway when the commit thread is
+there). A child forked from the process inherits no thread: its inherited writers fail
+every append with ``WALClosed``, and closing one there only closes its descriptors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Final
 
 from walsvc.core._codec import timetick_of
@@ -55,16 +47,15 @@ from walsvc.core._errors import (
     InvalidArgument,
     WALClosed,
     WALError,
-    WALFenced,
 )
 from walsvc.core._metrics import WALMetrics
 
-from ._directory import LogDirectory, fsync_directory
+from ._directory import LogDirectory
 from ._format import encode_frames
-from ._head import HeadState
 from ._ids import FileMessageId
-from ._recovery import Tail, cut_to_durable_end
-from ._writer_note import read_writer_note
+from ._recovery import Tail
+from ._segment_writer import SegmentWriter
+from ._workers import worker_pool
 
 try:
     from . import _ccommit
@@ -73,35 +64,20 @@ except ImportError:  # built without a C compiler: every batch takes the worker 
 if not hasattr(os, "eventfd"):  # not Linux: the loop cannot watch the thread's signal
     _ccommit = None  # type: ignore[assignment]
 
-__all__ = ("COMMIT_THREAD_IDLE", "RUNWAY", "WORKER_THREADS", "GroupCommitWriter")
+__all__ = ("COMMIT_THREAD_IDLE", "GroupCommitWriter")
 
 #: Seconds a commit thread waits for the next batch before it exits (read when a writer
 #: starts its committer; tests make it short).
 COMMIT_THREAD_IDLE = 1.0
-#: The worker threads the writers of a process share, at most.
-WORKER_THREADS: Final = 8
 
 #: The writers alive in this process: a child forked from it must not use them.
 _writers: Final[weakref.WeakSet[GroupCommitWriter]] = weakref.WeakSet()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _worker_pool() -> ThreadPoolExecutor:
-    """The worker threads of this process's writers (made when first needed). Each
-    writer has one batch or truncation in a thread at a time, so sharing keeps every
-    writer's order."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="walsvc-file-writer")
-    return _pool
 
 
 def _refuse_inherited_writers() -> None:
     """In a forked child: the writers' threads stayed in the parent, so every writer it
     inherited fails its appends at once instead of waiting for a thread that is not
-    there, and the writers it opens itself get a worker pool of its own."""
-    global _pool
-    _pool = None  # its threads stayed in the parent
+    there (the writers it opens itself get a worker pool of their own: ``_workers``)."""
     parent = os.getppid()
     for writer in list(_writers):
         writer._failure = WALClosed(
@@ -119,13 +95,8 @@ if hasattr(os, "register_at_fork"):
 #: One ``submit``: the caller's future and how many records it queued.
 _Call = tuple[asyncio.Future[list[FileMessageId]], int]
 
-#: Bytes of zeros the writer keeps ahead of its offset (``sync="always"`` only). Writing
-#: and syncing 1 MiB of zeros takes ~1.5 ms here (4 MiB: ~11 ms, a visible ack stall).
-RUNWAY: Final = 1 << 20
-_ZEROS: Final = bytes(RUNWAY)
 
-
-class GroupCommitWriter:
+class GroupCommitWriter(SegmentWriter):
     """The single writer of one pchannel directory (for one term)."""
 
     __slots__ = (
@@ -135,9 +106,7 @@ class GroupCommitWriter:
         "_closed",
         "_committer",
         "_committing",
-        "_directory",
         "_failure",
-        "_fd",
         "_held",
         "_idle",
         "_in_flight",
@@ -145,30 +114,17 @@ class GroupCommitWriter:
         "_loop",
         "_next_seq",
         "_notify_fd",
-        "_offset",
         "_pid",
         "_records",
-        "_segment",
-        "_segment_size",
-        "_sync",
-        "_term",
         "_use_committer",
-        "_zeroed_to",
         "metrics",
     )
 
     def __init__(
         self, directory: LogDirectory, term: int, tail: Tail, *, sync: bool, segment_size: int
     ) -> None:
-        self._directory = directory
-        self._term = term
-        self._segment = tail.segment
-        self._fd = tail.fd
-        self._offset = tail.offset
-        self._zeroed_to = tail.size  # the segment file's size: zeros from _offset to here
+        super().__init__(directory, term, tail, sync=sync, segment_size=segment_size)
         self._next_seq = tail.next_seq
-        self._sync = sync
-        self._segment_size = segment_size
         self._records: list[bytes] = []
         self._calls: list[_Call] = []
         self._in_flight = False  # a batch (or a truncation) is in a thread
@@ -271,7 +227,7 @@ class GroupCommitWriter:
                     )
                     self._in_flight = True
                     return
-            written = _worker_pool().submit(self._write, data, first, len(records), last_timetick)
+            written = worker_pool().submit(self._write, data, first, len(records), last_timetick)
         except BaseException as exc:  # a bug: never leave callers waiting
             self._failure = AppendOutcomeUnknown(f"the writer stopped: {exc!r}")
             _fail(calls, self._failure)
@@ -307,13 +263,6 @@ class GroupCommitWriter:
         if not (self._use_committer and self._committable(size)):
             return None
         return self._committer or self._start_committer()
-
-    def _committable(self, size: int) -> bool:
-        """True if a batch of ``size`` bytes needs no new segment and, with ``sync``,
-        fits in the runway: the commit thread does neither."""
-        return self._offset < self._segment_size and (
-            not self._sync or self._offset + size <= self._zeroed_to
-        )
 
     def _start_committer(self) -> _ccommit.Committer | None:
         """Make the committer and watch its eventfd; None (and the worker threads from
@@ -368,15 +317,6 @@ class GroupCommitWriter:
         if status == _ccommit.BAD_HEAD:
             return CorruptRecord(f"{self._directory.head.path}: head file fails its checks")
         return OSError(value, os.strerror(value))
-
-    def _fenced(self, term: int) -> WALFenced:
-        who = read_writer_note(self._directory.path, term)
-        by = "" if who is None else f" ({who})"
-        return WALFenced(
-            f"file WAL {self._directory.path}: term {self._term} was fenced by a"
-            f" writer with term {term}{by}: another read-write open of this pchannel;"
-            " readers open with read_only=True, which fences nothing"
-        )
 
     def _finish(
         self,
@@ -446,7 +386,7 @@ class GroupCommitWriter:
             with contextlib.suppress(RuntimeError):  # the loop closed: see _start
                 loop.call_soon_threadsafe(self._recovered, done)
 
-        _worker_pool().submit(self._cut_to_durable_end).add_done_callback(cut_on_worker)
+        worker_pool().submit(self._cut_to_durable_end).add_done_callback(cut_on_worker)
 
     def _recovered(self, done: Future[Tail]) -> None:
         """On the loop, once the cut ran: go on from the durable end, or fail what was
@@ -476,26 +416,6 @@ class GroupCommitWriter:
         if not self._in_flight:
             self._signal_idle()
 
-    @contextlib.contextmanager
-    def _writers_lock(self) -> Iterator[HeadState]:
-        """Worker thread: hold the writers' lock and yield the head's state; raise
-        ``WALFenced`` (the lock released) if a newer term fenced this writer."""
-        head = self._directory.head
-        head.lock()
-        try:
-            state = head.read()
-            if state.term != self._term:
-                raise self._fenced(state.term)
-            yield state
-        finally:
-            head.unlock()
-
-    def _cut_to_durable_end(self) -> Tail:
-        """Worker thread, under the writers' lock: the tail after ``cut_to_durable_end``,
-        unless a newer term fenced this writer."""
-        with self._writers_lock() as state:
-            return cut_to_durable_end(self._directory, state)
-
     def _signal_idle(self) -> None:
         idle = self._idle
         if idle is not None and not idle.done():
@@ -508,52 +428,6 @@ class GroupCommitWriter:
             if idle is None or idle.done():
                 idle = self._idle = asyncio.get_running_loop().create_future()
             await asyncio.shield(idle)
-
-    def _write(self, data: bytes, first: int, count: int, last_timetick: int) -> None:
-        """Worker thread: append one batch under the writers' lock."""
-        with self._writers_lock() as state:
-            if self._offset >= self._segment_size:
-                self._roll(first)
-            offset = self._offset
-            _write_all(self._fd, data, offset)
-            offset += len(data)
-            if self._sync and offset > self._zeroed_to:
-                self._extend_runway(offset)
-            if self._sync:
-                os.fdatasync(self._fd)
-            self._offset = offset
-            self._directory.head.write(
-                HeadState(
-                    self._term, first + count, state.first_seq, last_timetick, self._segment, offset
-                ),
-                sync=False,
-            )
-
-    def _extend_runway(self, end: int) -> None:
-        """Worker thread: zero-fill from ``end`` (the end of the data just written, past
-        the old runway) up to ``RUNWAY`` further, but not past ``segment_size``. The
-        batch's own ``fdatasync`` makes the zeros durable."""
-        target = min(end + RUNWAY, self._segment_size)
-        if target > end:
-            _write_all(self._fd, memoryview(_ZEROS)[: target - end], end)
-        self._zeroed_to = max(end, target)
-
-    def _roll(self, first: int) -> None:
-        """Worker thread, under the lock: start a new segment at record ``first``, after
-        cutting the old one to its last frame (a runway left there by a larger
-        ``segment_size`` of an earlier open)."""
-        if self._zeroed_to > self._offset:
-            # Durable before the next segment exists: readers take the end of a
-            # segment followed by another one as the end of its frames.
-            os.ftruncate(self._fd, self._offset)
-            os.fdatasync(self._fd)
-        elif not self._sync:
-            os.fdatasync(self._fd)
-        path = self._directory.segment_path(first)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        fsync_directory(self._directory.path)
-        os.close(self._fd)
-        self._fd, self._segment, self._offset, self._zeroed_to = fd, first, 0, 0
 
     async def truncate(self, seq: int) -> None:
         """Drop records up to and including ``seq``: record the new start durably, then
@@ -570,7 +444,7 @@ class GroupCommitWriter:
             self._in_flight = True
             try:
                 loop = asyncio.get_running_loop()
-                doomed = await loop.run_in_executor(_worker_pool(), self._truncate, seq)
+                doomed = await loop.run_in_executor(worker_pool(), self._truncate, seq)
             finally:
                 self._in_flight = False
                 self._signal_idle()
@@ -580,19 +454,6 @@ class GroupCommitWriter:
                 self._start()
         for segment in doomed:
             self._directory.index.forget(segment)
-
-    def _truncate(self, seq: int) -> list[int]:
-        with self._writers_lock() as state:
-            if seq < state.first_seq:
-                return []
-            self._directory.head.write(state._replace(first_seq=seq + 1), sync=True)
-            segments = self._directory.segments()
-            doomed = [s for s, after in itertools.pairwise(segments) if after <= seq + 1]
-            for segment in doomed:
-                os.unlink(self._directory.segment_path(segment))
-            if doomed:
-                fsync_directory(self._directory.path)
-            return doomed
 
     async def aclose(self) -> None:
         """Finish every queued append, then release the segment and the commit thread."""
@@ -616,15 +477,6 @@ class GroupCommitWriter:
             self._committer.close()
             os.close(self._notify_fd)
         os.close(self._fd)
-
-
-def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """``pwrite`` all of ``data`` at ``offset`` (a short write continues)."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
 
 
 def _fail(calls: list[_Call], error: WALError) -> None:
