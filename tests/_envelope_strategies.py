@@ -1,6 +1,6 @@
-"""Hypothesis strategies for envelopes' fields, shared by the codec's tests;
-``in_python``: a call with walsvc's compiled loops switched off; ``damage``: a run with
-bytes flipped and its tail cut."""
+"""Hypothesis strategies for envelopes' fields and for whole envelopes (``envelopes``),
+shared by the codec's tests; ``in_python``: a call with walsvc's compiled loops switched
+off; ``damage``: a run with bytes flipped and its tail cut."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 import walsvc.core._compiled
-from walsvc import MessageType, TxnContext
+from walsvc import Message, MessageType, TxnContext
 from walsvc.backends._memory import MemoryMessageId
+from walsvc.core._encode import encode
 
 U64 = st.integers(0, 2**64 - 1)
 # Lone surrogates cannot be UTF-8 encoded: Message rejects them (tests/test_errors...).
@@ -29,6 +30,27 @@ TXNS = st.one_of(
     st.none(), st.builds(TxnContext, st.integers(-(2**63), 2**64 - 1), st.integers(0, 2**64 - 1))
 )
 IDS = st.builds(MemoryMessageId, U64)
+MESSAGES = st.builds(
+    Message,
+    payload=PAYLOADS,
+    vchannel=TEXT,
+    type=MESSAGE_TYPES,
+    properties=st.dictionaries(TEXT, TEXT, max_size=6),
+    idempotency_key=st.none() | TEXT,
+)
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> tuple[Message, dict[str, Any], bytes]:
+    """A message, the system fields it was encoded with, and its envelope."""
+    message = draw(MESSAGES)
+    system = {
+        "timetick": draw(U64),
+        "term": draw(U64),
+        "last_confirmed": draw(st.none() | IDS),
+        "txn": draw(TXNS),
+    }
+    return message, system, encode(message, **system)
 
 
 def in_python(function: Any, *args: Any) -> Any:

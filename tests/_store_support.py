@@ -1,14 +1,20 @@
-"""The round trip every ``SubscriptionStore`` passes, whatever keeps its checkpoints."""
+"""The round trip every ``SubscriptionStore`` passes, whatever keeps its checkpoints; and
+what the store's and the checkpoint writer's tests share: a checkpoint at a timetick, a
+checkpoint saved in a ``file://`` WAL's store, and a save that fails once."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
 import walsvc
 from walsvc import Checkpoint, Filter, MessageId, MessageType
+from walsvc.backends._file._subscriptions import FileSubscriptionStore
 from walsvc.backends._subscriptions import StoredSubscription, SubscriptionScope, SubscriptionStore
 
-__all__ = ("store_round_trip",)
+__all__ = ("checkpoint_at", "fail_replace_once", "saved_file", "store_round_trip")
 
 
 async def store_round_trip(store: SubscriptionStore, first: MessageId, second: MessageId) -> None:
@@ -49,3 +55,32 @@ async def store_round_trip(store: SubscriptionStore, first: MessageId, second: M
         await store.load(".hidden")
     with pytest.raises(TypeError):
         await store.save("reader", "1@memory:0")  # type: ignore[arg-type]
+
+
+def checkpoint_at(timetick: int) -> Checkpoint:
+    """A checkpoint at ``timetick`` with no message id."""
+    return Checkpoint(None, timetick)
+
+
+async def saved_file(tmp_path: Path, checkpoint: Checkpoint) -> tuple[FileSubscriptionStore, Path]:
+    """A file store (real WAL directory) holding ``checkpoint`` under "s", and its file."""
+    async with await walsvc.open_wal(f"file://{tmp_path}", "p") as wal:
+        store = wal.backend.subscriptions()
+        assert isinstance(store, FileSubscriptionStore)
+        await store.save("s", checkpoint)
+    return store, tmp_path / "p" / "subscriptions" / "s"
+
+
+def fail_replace_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the next ``os.replace`` raise OSError (a full disk); later ones work."""
+    real = os.replace
+    calls: list[int] = []
+
+    def replace(src: str, dst: str) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return calls

@@ -1,6 +1,7 @@
-"""The read pipeline's paths that tests/test_scanner_properties.py must take, spelled out
-one by one (a reader behind the cache, one that falls out of it, subscriptions around
-idle ticks and restarts), and the reproducers of what that property test found."""
+"""The read pipeline's paths that the property tests (tests/test_scanner_properties.py,
+tests/test_scanner_fault_properties.py) must take, spelled out one by one (a reader behind
+the cache, one that falls out of it, subscriptions around idle ticks and restarts), and
+the reproducers of what they found."""
 
 from __future__ import annotations
 

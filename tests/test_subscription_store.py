@@ -1,12 +1,11 @@
 """The storage half of durable subscriptions: ``SubscriptionStore`` on ``memory://`` and
-``file://`` (round trips, persistence across reopen, names, claims, damaged files) and the
-throttled, forward-only ``CheckpointWriter`` (throttling, flushing, failed writes).
+``file://`` (round trips, persistence across reopen, names, claims, the file store's files,
+damaged files, a full disk and a killed save). The throttled writer on top of a store is
+``test_checkpoint_writer.py``'s.
 
 The file store runs on real files (a full disk is a small tmpfs where the machine allows
 mounting one); the injected faults are a failing ``os.replace`` and, where no tmpfs can
 be mounted, ``ENOSPC``.
-The writer's concurrency tests use ``GatedStore``, a real memory store whose saves wait
-for the test to let them through.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from _full_disk import fill, small_filesystem
-from _store_support import store_round_trip
+from _store_support import checkpoint_at, fail_replace_once, saved_file, store_round_trip
 
 import walsvc
 from walsvc import (
@@ -30,21 +29,15 @@ from walsvc import (
     CorruptRecord,
     InvalidArgument,
     Message,
-    WALClosed,
 )
 from walsvc.backends import Backend
 from walsvc.backends._file._subscriptions import FileSubscriptionStore
 from walsvc.backends._memory import MemorySubscriptionStore
-from walsvc.backends._subscriptions import StoredSubscription, SubscriptionStore
 from walsvc.core._errors import SubscriptionBusy
 from walsvc.read._checkpoints import CheckpointWriter
 
 INVALID_NAMES = ["", "-a", ".a", "_a", "a/b", "../a", "a b", "a\n", "é", "a" * 201, "a:b"]
 VALID_NAMES = ["a", "0", "a" * 200, "Sub-1.two_3", "x.tmp"]
-
-
-def _tick(timetick: int) -> Checkpoint:
-    return Checkpoint(None, timetick)
 
 
 @pytest.fixture
@@ -55,23 +48,6 @@ async def wal(url: str) -> AsyncIterator[walsvc.WAL]:
 
 def _file_store(root: Path, pchannel: str = "p") -> FileSubscriptionStore:
     return FileSubscriptionStore(str(root / pchannel))
-
-
-async def _saved_file(tmp_path: Path, checkpoint: Checkpoint) -> tuple[FileSubscriptionStore, Path]:
-    """A file store (real WAL directory) holding ``checkpoint`` under "s", and its file."""
-    async with await walsvc.open_wal(f"file://{tmp_path}", "p") as wal:
-        store = wal.backend.subscriptions()
-        assert isinstance(store, FileSubscriptionStore)
-        await store.save("s", checkpoint)
-    return store, tmp_path / "p" / "subscriptions" / "s"
-
-
-async def _until(condition: Callable[[], bool], within: float = 5) -> None:
-    """Wait until ``condition()`` holds: the writer's background work offers no event to
-    wait on, and adding one only for tests would widen its API."""
-    async with asyncio.timeout(within):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.002)
 
 
 # ---------------------------------------------------------------------------------------
@@ -90,7 +66,7 @@ async def test_listed_gives_the_first_by_name_and_counts_the_rest(wal: walsvc.WA
     store = wal.backend.subscriptions()
     assert await store.listed() == ([], 0)
     for name, tick in (("c", 3), ("a", 1), ("b", 2)):
-        await store.save(name, _tick(tick))
+        await store.save(name, checkpoint_at(tick))
     everything, more = await store.listed()
     assert [(n, s.checkpoint.timetick) for n, s in everything] == [("a", 1), ("b", 2), ("c", 3)]
     assert more == 0
@@ -134,7 +110,7 @@ async def test_invalid_names_are_refused(wal: walsvc.WAL, name: str) -> None:
     with pytest.raises(InvalidArgument, match="subscription name"):
         await store.load(name)
     with pytest.raises(InvalidArgument, match="subscription name"):
-        await store.save(name, _tick(1))
+        await store.save(name, checkpoint_at(1))
     with pytest.raises(InvalidArgument, match="subscription name"):
         await store.delete(name)
     with pytest.raises(InvalidArgument, match="subscription name"):
@@ -149,9 +125,9 @@ async def test_invalid_names_are_refused(wal: walsvc.WAL, name: str) -> None:
 async def test_valid_names_round_trip(wal: walsvc.WAL) -> None:
     store = wal.backend.subscriptions()
     for i, name in enumerate(VALID_NAMES):
-        await store.save(name, _tick(i))
+        await store.save(name, checkpoint_at(i))
     for i, name in enumerate(VALID_NAMES):
-        assert await store.load(name) == _tick(i)
+        assert await store.load(name) == checkpoint_at(i)
     assert await store.names() == sorted(VALID_NAMES)
 
 
@@ -248,7 +224,7 @@ async def test_the_base_backend_has_no_subscriptions(wal: walsvc.WAL) -> None:
 
 
 async def test_the_file_holds_a_checksummed_checkpoint(tmp_path: Path) -> None:
-    _, path = await _saved_file(tmp_path, _tick(42))
+    _, path = await saved_file(tmp_path, checkpoint_at(42))
     data = path.read_bytes()
     assert data.startswith(b"WSUB")
     assert data.endswith(b"42@\n\n"), "version 2: the checkpoint, then no scope"
@@ -272,7 +248,7 @@ async def test_the_file_holds_a_checksummed_checkpoint(tmp_path: Path) -> None:
 async def test_a_damaged_file_raises_corrupt_record_naming_it(
     tmp_path: Path, damage: Callable[[bytes], bytes]
 ) -> None:
-    store, path = await _saved_file(tmp_path, Checkpoint(None, 12345))
+    store, path = await saved_file(tmp_path, Checkpoint(None, 12345))
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(CorruptRecord) as caught:
         await store.load("s")
@@ -280,266 +256,39 @@ async def test_a_damaged_file_raises_corrupt_record_naming_it(
     async with await walsvc.open_wal(f"file://{tmp_path}", "p", read_only=True) as wal:
         with pytest.raises(CorruptRecord):
             await wal.backend.subscriptions().load("s")
-    await store.save("s", _tick(1))  # a save replaces a damaged file
-    assert await store.load("s") == _tick(1)
+    await store.save("s", checkpoint_at(1))  # a save replaces a damaged file
+    assert await store.load("s") == checkpoint_at(1)
 
 
 async def test_names_ignore_temporary_and_foreign_entries(tmp_path: Path) -> None:
-    store, path = await _saved_file(tmp_path, _tick(1))
+    store, path = await saved_file(tmp_path, checkpoint_at(1))
     (path.parent / ".s.0123456789abcdef.tmp").write_bytes(b"left by a crash")
     (path.parent / "a-directory").mkdir()
     assert await store.names() == ["s"]
-    assert await store.load("s") == _tick(1)
+    assert await store.load("s") == checkpoint_at(1)
 
 
 async def test_a_failed_save_keeps_the_previous_file_and_raises_backend_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, path = await _saved_file(tmp_path, _tick(1))
-    _fail_replace_once(monkeypatch)
+    store, path = await saved_file(tmp_path, checkpoint_at(1))
+    fail_replace_once(monkeypatch)
     with pytest.raises(BackendUnavailable, match="cannot write checkpoint file") as caught:
-        await store.save("s", _tick(2))
+        await store.save("s", checkpoint_at(2))
     assert isinstance(caught.value.__cause__, OSError)
-    assert await store.load("s") == _tick(1)
+    assert await store.load("s") == checkpoint_at(1)
     assert sorted(p.name for p in path.parent.iterdir()) == ["s"], "temporary file removed"
-    await store.save("s", _tick(2))
-    assert await store.load("s") == _tick(2)
+    await store.save("s", checkpoint_at(2))
+    assert await store.load("s") == checkpoint_at(2)
 
 
 async def test_concurrent_saves_of_one_name_leave_one_whole_checkpoint(tmp_path: Path) -> None:
-    store, path = await _saved_file(tmp_path, _tick(0))
+    store, path = await saved_file(tmp_path, checkpoint_at(0))
     twin = _file_store(tmp_path)
-    saves = [(store if i % 2 else twin).save("s", _tick(i)) for i in range(1, 41)]
+    saves = [(store if i % 2 else twin).save("s", checkpoint_at(i)) for i in range(1, 41)]
     await asyncio.gather(*saves)
-    assert (await store.load("s")) in {_tick(i) for i in range(1, 41)}
+    assert (await store.load("s")) in {checkpoint_at(i) for i in range(1, 41)}
     assert sorted(p.name for p in path.parent.iterdir()) == ["s"]
-
-
-def _fail_replace_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make the next ``os.replace`` raise OSError (a full disk); later ones work."""
-    real = os.replace
-    calls: list[int] = []
-
-    def replace(src: str, dst: str) -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            raise OSError(28, "No space left on device")
-        real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-    return calls
-
-
-# ---------------------------------------------------------------------------------------
-# CheckpointWriter
-
-
-class GatedStore(SubscriptionStore):
-    """A memory store whose saves wait for ``gate``; counts saves in flight and can be told
-    to fail the next save with an exception."""
-
-    def __init__(self) -> None:
-        self.inner = MemorySubscriptionStore(uuid.uuid4().hex, "p")
-        super().__init__(("gated", id(self)))
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.in_flight = 0
-        self.most_in_flight = 0
-        self.fail_next: Exception | None = None
-
-    async def _load(self, name: str) -> StoredSubscription | None:
-        return await self.inner.load_stored(name)
-
-    async def _save(self, name: str, stored: StoredSubscription) -> None:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            await self.gate.wait()
-            failure, self.fail_next = self.fail_next, None
-            if failure is not None:
-                raise failure
-            await self.inner.save(name, stored.checkpoint, stored.scope)
-        finally:
-            self.in_flight -= 1
-
-    async def _delete(self, name: str) -> None:
-        await self.inner.delete(name)
-
-    async def _names(self) -> list[str]:
-        return await self.inner.names()
-
-
-def _has_pending(writer: CheckpointWriter) -> Callable[[], bool]:
-    return lambda: writer.pending is not None
-
-
-def _memory_store() -> MemorySubscriptionStore:
-    return MemorySubscriptionStore(uuid.uuid4().hex, "p")
-
-
-async def test_the_writer_is_forward_only_from_its_start() -> None:
-    store = _memory_store()
-    await store.save("s", _tick(10))
-    start = await store.load("s")
-    writer = CheckpointWriter(store, "s", interval=0.05, start=start)
-    assert writer.written == _tick(10)
-    writer.note(_tick(5))  # older than the stored checkpoint
-    writer.note(_tick(10))  # equal
-    assert (writer.pending, writer.writes) == (None, 0)
-    writer.note(_tick(12))
-    writer.note(_tick(11))
-    writer.note(_tick(12))
-    await writer.flush()
-    assert writer.written == _tick(12)
-    assert await store.load("s") == _tick(12)
-    writer.note(_tick(3))
-    await writer.aclose()
-    assert await store.load("s") == _tick(12)
-    assert writer.writes == 1
-
-
-async def test_writes_are_throttled_and_the_last_note_is_written_without_another() -> None:
-    store = _memory_store()
-    writer = CheckpointWriter(store, "s", interval=0.05)
-    notes = 60
-    for tick in range(1, notes + 1):
-        writer.note(_tick(tick))
-        await asyncio.sleep(0.002)
-    assert 1 <= writer.writes < notes
-    # The newest note is written once the quiet period ends: no note, no flush.
-    await _until(lambda: writer.written == _tick(notes))
-    assert await store.load("s") == _tick(notes)
-    assert writer.pending is None
-    writes = writer.writes
-    await asyncio.sleep(0.12)
-    assert writer.writes == writes, "nothing to write, nothing written"
-    await writer.aclose()
-    assert writer.writes == writes
-
-
-async def test_one_write_in_flight_and_flush_waits_for_it() -> None:
-    store = GatedStore()
-    writer = CheckpointWriter(store, "s", interval=0)
-    store.gate.clear()
-    writer.note(_tick(1))  # starts a write, held at the gate
-    await _until(lambda: store.in_flight == 1)
-    for tick in range(2, 20):
-        writer.note(_tick(tick))
-    assert writer.pending == _tick(19)
-    flushing = asyncio.create_task(writer.flush())
-    await asyncio.sleep(0.01)
-    assert not flushing.done(), "flush waits for the write in flight"
-    assert store.most_in_flight == 1
-    store.gate.set()
-    await flushing
-    assert store.most_in_flight == 1
-    assert writer.written == _tick(19)
-    assert await store.load("s") == _tick(19)
-    assert writer.writes == 2
-    await writer.aclose()
-
-
-async def test_aclose_flushes_the_pending_checkpoint_and_then_refuses_notes() -> None:
-    store = _memory_store()
-    writer = CheckpointWriter(store, "s", interval=3600)
-    writer.note(_tick(1))  # written at once
-    writer.note(_tick(2))  # waits for the interval
-    await asyncio.sleep(0.01)
-    assert writer.pending == _tick(2)
-    await writer.aclose()
-    assert await store.load("s") == _tick(2)
-    assert writer.written == _tick(2)
-    assert writer.writes == 2
-    assert writer.pending is None
-    await writer.aclose()  # idempotent
-    await writer.flush()  # nothing left to do
-    with pytest.raises(WALClosed):
-        writer.note(_tick(3))
-    assert await store.load("s") == _tick(2)
-
-
-async def test_a_failed_background_write_is_raised_by_the_next_note(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, path = await _saved_file(tmp_path, _tick(1))
-    writer = CheckpointWriter(store, "s", interval=0.01, start=_tick(1))
-    _fail_replace_once(monkeypatch)
-    writer.note(_tick(2))
-    await _until(lambda: writer.pending is not None)  # the write failed; kept pending
-    assert writer.pending == _tick(2)
-    with pytest.raises(BackendUnavailable, match="cannot write checkpoint file") as caught:
-        writer.note(_tick(3))
-    assert isinstance(caught.value.__cause__, OSError)
-    # That note still counted, and nothing was lost: the newest is written.
-    await writer.flush()
-    assert await store.load("s") == _tick(3)
-    assert writer.written == _tick(3)
-    writer.note(_tick(4))  # the error was raised once
-    await writer.aclose()
-    assert await store.load("s") == _tick(4)
-    assert sorted(p.name for p in path.parent.iterdir()) == ["s"]
-
-
-async def test_a_failed_background_write_is_raised_by_flush_and_by_aclose(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, _ = await _saved_file(tmp_path, _tick(1))
-    for finish in ("flush", "aclose"):
-        writer = CheckpointWriter(store, "s", interval=0.01)
-        _fail_replace_once(monkeypatch)
-        tick = 10 if finish == "flush" else 20
-        writer.note(_tick(tick))
-        await _until(_has_pending(writer))
-        with pytest.raises(BackendUnavailable):
-            await getattr(writer, finish)()
-        # The call retried the failed checkpoint before raising: it is durable now.
-        assert await store.load("s") == _tick(tick)
-        await writer.aclose()
-        await writer.flush()
-
-
-async def test_a_failed_flush_raises_its_own_error_and_can_be_retried(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, _ = await _saved_file(tmp_path, _tick(1))
-    writer = CheckpointWriter(store, "s", interval=3600, start=_tick(1))
-    writer.note(_tick(2))  # written at once
-    await writer.flush()
-    writer.note(_tick(3))  # waits for the interval
-    _fail_replace_once(monkeypatch)
-    with pytest.raises(BackendUnavailable):
-        await writer.flush()
-    assert (writer.written, writer.pending) == (_tick(2), _tick(3))
-    assert await store.load("s") == _tick(2)
-    await writer.flush()
-    assert await store.load("s") == _tick(3)
-    await writer.aclose()
-
-
-async def test_a_store_error_that_is_not_a_wal_error_is_wrapped() -> None:
-    store = GatedStore()
-    writer = CheckpointWriter(store, "s", interval=0)
-    store.fail_next = OSError(5, "Input/output error")
-    writer.note(_tick(1))
-    await _until(lambda: writer.pending is not None)
-    with pytest.raises(BackendUnavailable, match="subscription 's'") as caught:
-        await writer.flush()
-    assert caught.value.__cause__ is not None
-    assert isinstance(caught.value.__cause__, OSError)
-    assert await store.load("s") == _tick(1)  # flush wrote it before raising
-    await writer.aclose()
-
-
-def test_writer_arguments_are_checked() -> None:
-    store = _memory_store()
-    for interval in (-1, float("nan"), float("inf"), True, "1"):
-        with pytest.raises(InvalidArgument, match="interval"):
-            CheckpointWriter(store, "s", interval=interval)  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
-        CheckpointWriter(store, "s", start=5)  # type: ignore[arg-type]
-    writer = CheckpointWriter(store, "s", interval=0)
-    with pytest.raises(TypeError):
-        writer.note("5@")  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ _column_names: dict[int, tuple[bytes, str]] = {}
 
 def walk_columns(data: bytes | memoryview, start: int, end: int, columns: HeaderColumns) -> None:
     """``decode_columns``'s loop in Python: append the headers of ``data[start:end]`` to
-    ``columns``. The compiled walk must do exactly this (tests/test_codec.py holds them
+    ``columns``. The compiled walk must do exactly this (tests/test_codec_columns.py holds them
     to it)."""
     types, vchannels, ticks, terms, exts, payload_starts, ends = columns.fields()
     unpack = _HEADER.unpack_from
