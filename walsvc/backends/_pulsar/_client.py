@@ -33,9 +33,9 @@ from walsvc.core._errors import (
     WALFenced,
 )
 
+from .._process_threads import ProcessThreads
 from ._creations import Creations
 from ._ids import PulsarMessageId
-from ._threads import ProcessThreads
 
 __all__ = (
     "LOG_ENV",

@@ -29,11 +29,11 @@ import pulsar
 
 from walsvc.core._errors import WALClosed
 
+from .._process_threads import ProcessThreads
 from ._calls import Reader
 from ._client import PULSAR_ERRORS, call_in_thread, translate
 from ._creations import Creations
 from ._ids import PulsarMessageId
-from ._threads import ProcessThreads
 
 __all__ = ("OrderedReader", "redeliveries_dropped")
 

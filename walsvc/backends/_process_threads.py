@@ -1,5 +1,6 @@
-"""Thread pools of the process for blocking pulsar-client calls, made on first use and
-made anew in a forked child (a child inherits the pool object but not its threads)."""
+"""Thread pools of the process for the backends' blocking calls (the file writers'
+worker threads, pulsar-client's synchronous calls), made on first use and made anew in a
+forked child (a child inherits the pool object but not its threads)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ __all__ = ("ProcessThreads",)
 class ProcessThreads:
     """``size`` threads named ``name``_N, shared by the process. The threads are not
     daemons: at exit the interpreter waits for a call in flight rather than tear a
-    thread down inside the C++ client."""
+    thread down inside it (inside pulsar-client's C++ code, or a file write)."""
 
     __slots__ = ("_executor", "_name", "_pid", "_size")
 
