@@ -201,3 +201,28 @@ async def test_a_second_sigterm_cuts_the_drain_short() -> None:
         async with asyncio.timeout(PATIENCE):
             await asyncio.gather(asking, return_exceptions=True)
         await conn.aclose()
+
+
+async def test_a_node_closes_its_wals_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NodeServer.aclose`` closes the WALs of its pchannels together, so a node's close
+    takes its slowest WAL's, not their sum: each close here waits until every one has
+    begun (one after the other, the first would wait for ever)."""
+    from walsvc.wal._wal import LocalWAL
+
+    count = 3
+    everyone_closing = asyncio.Barrier(count)
+    plain_close = LocalWAL.aclose
+
+    async def close_with_the_others(self: LocalWAL) -> None:
+        await everyone_closing.wait()
+        await plain_close(self)
+
+    async with walsvc.serve(f"memory://{uuid.uuid4().hex[:8]}") as server:
+        for i in range(count):
+            async with await walsvc.open_wal(server.node_url, f"p{i}") as client:
+                await client.append(Message(payload=b"x", vchannel="v"))
+        assert len((await server.status()).pchannels) == count
+        monkeypatch.setattr(LocalWAL, "aclose", close_with_the_others)
+        async with asyncio.timeout(PATIENCE):
+            await server.aclose()
+    assert everyone_closing.n_waiting == 0

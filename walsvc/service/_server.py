@@ -243,8 +243,9 @@ class NodeServer:
         await asyncio.shield(self._drained)
 
     async def aclose(self) -> None:
-        """Stop listening, end every connection and close every WAL (at once: ``drain``
-        is the graceful way)."""
+        """Stop listening, end every connection and close every WAL, the WALs together
+        (the first error is raised once all are closed). Abrupt: ``drain`` is the
+        graceful way."""
         if self._server is not None:
             self._server.close()
         sessions = list(self._sessions)
@@ -254,8 +255,14 @@ class NodeServer:
         if self._server is not None:
             await self._server.wait_closed()
         wals, self._wals = self._wals, {}
-        for wal in wals.values():
-            await wal.aclose()
+        # At once, as a local Node closes its WALs: each close is bounded by its
+        # backend's close timeout, and the node's by the slowest, not their sum.
+        closed = await asyncio.gather(
+            *(wal.aclose() for wal in wals.values()), return_exceptions=True
+        )
+        for outcome in closed:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 @contextlib.asynccontextmanager
