@@ -13,7 +13,7 @@ import abc
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Final
+from typing import Final, Self
 
 from walsvc.core._api import Scanner
 from walsvc.core._deliver import DeliverPolicy
@@ -179,7 +179,7 @@ class WAL(abc.ABC):
         """Stop the interceptors, finish queued appends, close every scanner (their reads
         raise ``WALClosed``) and release the backend. Idempotent."""
 
-    async def __aenter__(self) -> WAL:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

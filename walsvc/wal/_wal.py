@@ -555,9 +555,8 @@ class LocalWAL(WAL):
             self._cache.truncated(message_id)
 
     async def aclose(self) -> None:
-        """Stop the interceptors, finish queued appends, close every scanner at once
-        (their reads raise ``WALClosed``) and release the backend. Each step runs whatever
-        an earlier one raised; the first error is raised at the end. Idempotent."""
+        """Stop the interceptors, finish queued appends, close the scanners (their reads
+        raise ``WALClosed``) and the backend; an error is raised once all ran. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -580,14 +579,11 @@ class LocalWAL(WAL):
                     await member.aclose()
                 except Exception as exc:
                     errors.append(exc)
-        # The scanners close at once: one may wait for its backend reader (a Pulsar
-        # reader's pop in a worker thread, up to 200 ms), and one after the other a WAL
-        # with 50 of them took 5-6 s to close. One that fails stops none of the others,
-        # nor the backend's close; its error is raised last.
+        # Together: a scanner's close may wait for its reader (Pulsar: a pop, up to 200
+        # ms); one that fails stops neither the others nor the backend's close.
         scanners, self._scanners = self._scanners, set()
-        closed = await asyncio.gather(
-            *(scanner._close_for_wal() for scanner in scanners), return_exceptions=True
-        )
+        closing = (scanner._close_for_wal() for scanner in scanners)
+        closed = await asyncio.gather(*closing, return_exceptions=True)
         errors += [outcome for outcome in closed if isinstance(outcome, BaseException)]
         if self._cache is not None:
             self._cache.deactivate()
@@ -595,9 +591,6 @@ class LocalWAL(WAL):
         await self._backend.aclose()
         if errors:
             raise errors[0]
-
-    async def __aenter__(self) -> LocalWAL:
-        return self
 
     def __repr__(self) -> str:
         mode = "ro" if self.read_only else f"rw term={self.term}"
