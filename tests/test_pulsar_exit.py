@@ -39,9 +39,8 @@ from pathlib import Path
 from _pulsar_lite import HANG, PulsarLite, broker, pchannel
 
 import walsvc
-from walsvc.backends._pulsar._calls import close, create_producer, subscribe
-from walsvc.backends._pulsar._client import parse_options
-from walsvc.backends._pulsar._clients import lease, release
+from walsvc.backends._pulsar._calls import close, close_client, create_producer, subscribe
+from walsvc.backends._pulsar._client import connect, parse_options
 from walsvc.backends._pulsar._log import EARLIEST, create_reader
 
 __all__ = ("broker",)
@@ -145,7 +144,7 @@ def test_a_closed_wal_its_user_still_holds_holds_no_producer(broker: PulsarLite)
 async def test_each_pulsar_object_walsvc_makes_holds_its_client(broker: PulsarLite) -> None:
     """Whatever order their owners are freed in, a producer, consumer or reader goes
     before the C++ client that made it (see ``_calls.holding``): each holds it."""
-    client = lease(broker.url.removeprefix("pulsar://"), parse_options({}))
+    client = connect(broker.url.removeprefix("pulsar://"), parse_options({}))
     topic = f"persistent://public/default/{pchannel()}"
     made = [
         await create_producer(client, topic, send_timeout_millis=5000, batching_enabled=False),
@@ -160,7 +159,7 @@ async def test_each_pulsar_object_walsvc_makes_holds_its_client(broker: PulsarLi
         for resource in made[:2]:
             await close(resource)
         await reader.close()
-        await release(client)
+        await close_client(client)
 
 
 def _reaches(start: object, target: object, depth: int = 3) -> bool:

@@ -46,9 +46,16 @@ from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALClosed, 
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 
-from ._calls import close, create_producer, topic_partitions
-from ._client import PULSAR_ERRORS, Client, Options, call_async, parse_options, translate
-from ._clients import lease, release
+from ._calls import close, close_client, create_producer, topic_partitions
+from ._client import (
+    PULSAR_ERRORS,
+    Client,
+    Options,
+    call_async,
+    connect,
+    parse_options,
+    translate,
+)
 from ._ids import PulsarMessageId
 from ._log import STOP_WITHIN, TailTracker, close_quietly
 from ._records import BARRIER, term_of_barrier
@@ -103,7 +110,7 @@ class PulsarBackend(Backend):
     ) -> PulsarBackend:
         parsed = parse_options(options)
         topic = f"{parsed.topic_prefix}{pchannel}"
-        client = lease(location, parsed)
+        client = connect(location, parsed)
         producer: pulsar_asyncio.Producer | None = None
         try:
             # Reach the broker now (an unreachable one fails the open, within the
@@ -324,7 +331,15 @@ async def _send_barrier(producer: pulsar_asyncio.Producer) -> PulsarMessageId:
 
 
 async def _close_client(client: Client) -> None:
-    """Give the WAL's lease of its client back (``_clients``: the last one out closes the
-    client) once the creations in flight on it ended (``STOP_WITHIN`` at most)."""
+    """Close the client once the creations in flight on it ended (``STOP_WITHIN`` at
+    most), within ``STOP_WITHIN``, else shut it down (its connections and threads end
+    without a word to the broker)."""
     await client.creations.aclose(STOP_WITHIN)
-    await release(client)
+    try:
+        async with asyncio.timeout(STOP_WITHIN):
+            await close_client(client)
+    except (TimeoutError, *PULSAR_ERRORS):
+        try:
+            client.pulsar.shutdown()
+        except PULSAR_ERRORS:
+            pass

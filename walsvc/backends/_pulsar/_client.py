@@ -46,11 +46,11 @@ __all__ = (
     "call_async",
     "call_in_thread",
     "client_logger",
+    "connect",
     "parse_options",
     "pulsar_id",
     "result_name",
     "result_of",
-    "service_url",
     "translate",
     "translate_result",
 )
@@ -185,21 +185,17 @@ def service_url(location: str) -> str:
 
 @final
 class Client:
-    """A WAL's lease of the process's client of one Pulsar service (``_clients``): the
-    shared pulsar.asyncio client (``pulsar``) and this WAL's creations in flight on it
-    (``creations``). Every reader, consumer and producer the WAL makes goes through
-    ``creations.make``, and the WAL awaits ``creations.aclose`` and closes what it made
-    before it gives the lease back (see ``_creations``: a close of the client that
-    overtakes a creation leaks it, with native threads)."""
+    """A walsvc client of one Pulsar service: pulsar.asyncio's client (``pulsar``) and
+    the creations in flight on it (``creations``). Every reader, consumer and producer
+    walsvc makes on it is made through ``creations.make``, and ``creations.aclose`` is
+    awaited before the client closes (see ``_creations``: a close that overtakes a
+    creation leaks it, with native threads)."""
 
-    __slots__ = ("_shared", "creations", "pulsar")
+    __slots__ = ("creations", "pulsar")
 
-    def __init__(self, client: pulsar_asyncio.Client, url: str, shared: object = None) -> None:
+    def __init__(self, client: pulsar_asyncio.Client, url: str) -> None:
         self.pulsar = client
         self.creations = Creations(f"the Pulsar client of {url}")
-        #: What keeps the shared client alive while this lease is out (None once given
-        #: back).
-        self._shared = shared
 
     @property
     def raw(self) -> Any:
@@ -207,10 +203,20 @@ class Client:
         (see ``call_async``)."""
         return self.pulsar._client
 
-    def release(self) -> object:
-        """End the lease: what kept the shared client alive (None if already ended)."""
-        shared, self._shared = self._shared, None
-        return shared
+
+def connect(location: str, options: Options) -> Client:
+    """A client for ``location`` (connects lazily, on the first producer or reader)."""
+    url = service_url(location)
+    try:
+        client = pulsar_asyncio.Client(
+            url,
+            operation_timeout_seconds=max(1, math.ceil(options.operation_timeout)),
+            connection_timeout_ms=max(1, int(options.connect_timeout * 1000)),
+            logger=client_logger(),
+        )
+    except PULSAR_ERRORS as exc:
+        raise translate(exc, f"cannot create a Pulsar client for {url}") from exc
+    return Client(client, url)
 
 
 #: The callbacks of ``call_async`` that pulsar-client may still hold, weakly: each leaves
