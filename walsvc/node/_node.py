@@ -16,6 +16,7 @@ from typing import Any, Final, final
 from walsvc.core._deliver import DeliverPolicy
 from walsvc.core._errors import InvalidArgument, InvalidMessage, WALClosed
 from walsvc.core._filter import Filter
+from walsvc.core._gather import await_all
 from walsvc.core._message import SYSTEM_TYPES, AppendResult, Message
 from walsvc.core._timetick import HybridClock, TimetickAllocator
 from walsvc.remote._open import open_wal
@@ -239,7 +240,9 @@ class Node:
             groups.setdefault(self.wal_for(_routed(message)), []).append(index)
         if len(groups) <= 1:
             return [] if not groups else await next(iter(groups)).append_many(batch)
-        shares = await _gather([w.append_many([batch[i] for i in ix]) for w, ix in groups.items()])
+        shares = await await_all(
+            [w.append_many([batch[i] for i in ix]) for w, ix in groups.items()]
+        )
         results: list[AppendResult | None] = [None] * len(batch)
         for indices, share in zip(groups.values(), shares, strict=True):
             for index, result in zip(indices, share, strict=True):
@@ -255,7 +258,7 @@ class Node:
         _check_user_message(message)
         if message.vchannel != "":
             raise InvalidMessage(f"broadcast takes vchannel '', not {message.vchannel!r}")
-        results = await _gather([wal.append(message) for wal in self._wals.values()])
+        results = await await_all([wal.append(message) for wal in self._wals.values()])
         return dict(zip(self._wals, results, strict=True))
 
     async def begin_txn(
@@ -463,16 +466,7 @@ async def _seal(
 
 
 async def _close_all(wals: Iterable[WAL]) -> None:
-    await _gather([wal.aclose() for wal in wals])
-
-
-async def _gather(calls: Sequence[Any]) -> list[Any]:
-    """Await all of ``calls``; then raise the first error, if any, else return results."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+    await await_all([wal.aclose() for wal in wals])
 
 
 def _routed(message: Message) -> str:

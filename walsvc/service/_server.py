@@ -26,6 +26,7 @@ from typing import Any, Final, final
 import msgspec
 
 from walsvc.core._errors import CorruptRecord, InvalidArgument
+from walsvc.core._gather import await_all
 from walsvc.core._timetick import HybridClock
 from walsvc.remote._buffered import start_server
 from walsvc.remote._frames import FrameWriter, read_frame
@@ -255,14 +256,9 @@ class NodeServer:
         if self._server is not None:
             await self._server.wait_closed()
         wals, self._wals = self._wals, {}
-        # At once, as a local Node closes its WALs: each close is bounded by its
+        # Together, as a local Node closes its WALs: each close is bounded by its
         # backend's close timeout, and the node's by the slowest, not their sum.
-        closed = await asyncio.gather(
-            *(wal.aclose() for wal in wals.values()), return_exceptions=True
-        )
-        for outcome in closed:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        await await_all(wal.aclose() for wal in wals.values())
 
 
 @contextlib.asynccontextmanager
