@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from walsvc import WALClosed
+from walsvc import BackendUnavailable, WALClosed
 from walsvc.backends._pulsar import _creations
 from walsvc.backends._pulsar._creations import Creations
 
@@ -43,7 +43,7 @@ class Gate:
 
 
 async def test_a_creation_hands_over_what_it_made() -> None:
-    creations = Creations("client")
+    creations = Creations("client", HANG)
     gate = Gate()
     asking = asyncio.ensure_future(creations.make(gate.create(), dispose))
     await gate.started.wait()
@@ -55,7 +55,7 @@ async def test_a_creation_hands_over_what_it_made() -> None:
 
 
 async def test_a_failed_creation_raises_to_its_caller() -> None:
-    creations = Creations("client")
+    creations = Creations("client", HANG)
 
     async def fail() -> Made:
         raise ValueError("refused")
@@ -67,7 +67,7 @@ async def test_a_failed_creation_raises_to_its_caller() -> None:
 
 @pytest.mark.parametrize("how", ["cancelled", "timed out"])
 async def test_what_a_cancelled_caller_never_receives_is_disposed_of(how: str) -> None:
-    creations = Creations("client")
+    creations = Creations("client", HANG)
     gate = Gate()
     if how == "cancelled":
         asking = asyncio.ensure_future(creations.make(gate.create(), dispose))
@@ -90,7 +90,7 @@ async def test_what_a_cancelled_caller_never_receives_is_disposed_of(how: str) -
 async def test_a_caller_cancelled_as_its_creation_ends_still_has_it_disposed_of() -> None:
     """The creation has ended but its caller was cancelled before it resumed: the
     result is the caller's no more, so it is disposed of."""
-    creations = Creations("client")
+    creations = Creations("client", HANG)
     gate = Gate()
     asking = asyncio.ensure_future(creations.make(gate.create(), dispose))
     await gate.started.wait()
@@ -105,7 +105,7 @@ async def test_a_caller_cancelled_as_its_creation_ends_still_has_it_disposed_of(
 
 
 async def test_a_creation_that_fails_after_its_caller_left_disposes_of_nothing() -> None:
-    creations = Creations("client")
+    creations = Creations("client", HANG)
     gate = Gate()
     asking = asyncio.ensure_future(creations.make(gate.create(), dispose))
     await gate.started.wait()
@@ -121,7 +121,7 @@ async def test_a_creation_that_fails_after_its_caller_left_disposes_of_nothing()
 
 
 async def test_after_the_close_no_creation_starts() -> None:
-    creations = Creations("the Pulsar client of pulsar://h:1")
+    creations = Creations("the Pulsar client of pulsar://h:1", HANG)
     await creations.aclose(HANG)
     gate = Gate()
     with warnings.catch_warnings():
@@ -134,7 +134,7 @@ async def test_after_the_close_no_creation_starts() -> None:
 
 async def test_the_close_waits_for_what_is_in_flight_at_most_its_bound() -> None:
     """A creation that never ends holds the close for ``within`` seconds, no longer."""
-    creations = Creations("client")
+    creations = Creations("client", HANG)
     gate = Gate()
     asking = asyncio.ensure_future(creations.make(gate.create(), dispose))
     await gate.started.wait()
@@ -149,7 +149,7 @@ async def test_a_disposal_that_fails_or_hangs_ends_quietly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_creations, "DISPOSE_WITHIN", 0.05)
-    creations = Creations("client")
+    creations = Creations("client", HANG)
 
     async def failing(made: Made) -> None:
         raise RuntimeError("the broker went away")
@@ -165,4 +165,35 @@ async def test_a_disposal_that_fails_or_hangs_ends_quietly(
         await asyncio.gather(asking, return_exceptions=True)
         gate.release.set_result(Made("reader"))
     await asyncio.wait_for(creations.aclose(HANG), HANG)
+    assert creations.in_flight == 0
+
+
+async def test_a_creation_that_outlasts_its_bound_raises_and_is_disposed_of() -> None:
+    """A creation that has not ended within the bound fails its caller with
+    ``BackendUnavailable`` (pulsar-client's ``create_reader`` was seen never to return);
+    it goes on, and what it makes at last is disposed of."""
+    creations = Creations("the Pulsar client of pulsar://h:1", 0.05)
+    gate = Gate()
+    with pytest.raises(
+        BackendUnavailable,
+        match=r"the Pulsar client of pulsar://h:1 did not finish creating .* within 0.05 s",
+    ):
+        await asyncio.wait_for(creations.make(gate.create(), dispose), HANG)
+    assert creations.in_flight == 2
+    made = Made("reader")
+    gate.release.set_result(made)
+    await asyncio.wait_for(creations.aclose(HANG), HANG)
+    assert (made.disposed, creations.in_flight) == (1, 0)
+
+
+async def test_a_creation_that_fails_within_its_bound_raises_its_own_error() -> None:
+    """An error of the creation itself, even a ``TimeoutError``, is not taken for the
+    bound."""
+    creations = Creations("client", HANG)
+
+    async def times_out() -> Made:
+        raise TimeoutError("the broker's own timeout")
+
+    with pytest.raises(TimeoutError, match="the broker's own timeout"):
+        await creations.make(times_out(), dispose)
     assert creations.in_flight == 0

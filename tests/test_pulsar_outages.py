@@ -1,16 +1,18 @@
 """The ``pulsar://`` backend when the broker refuses a message or stops answering (Pulsar
 Lite paused with SIGSTOP; see _pulsar_lite.py), and the translation of every result code
-of pulsar-client. Timeouts here only guard against hangs."""
+of pulsar-client, and a creation of pulsar-client that never returns. Timeouts here
+only guard against hangs."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pytest
-from _pulsar_lite import HANG, PulsarLite, broker, data, own_broker, pchannel
+from _pulsar_lite import HANG, PulsarLite, backend_of, broker, data, own_broker, pchannel
 from pulsar import _pulsar
 
 import walsvc
@@ -198,6 +200,47 @@ async def test_a_close_is_bounded_by_close_timeout(own_broker: PulsarLite) -> No
         assert all(isinstance(r, walsvc.WALClosed) for r in outcomes[1:]), outcomes
     finally:
         own_broker.resume()
+        await wal.aclose()
+
+
+async def test_a_reader_creation_that_never_returns_fails_the_read(
+    broker: PulsarLite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pulsar-client's synchronous ``create_reader`` was seen never to return (its client
+    closed right after a broker restart). Injected here: the creation of a scanner's
+    reader is held in its thread until the test lets it go. The read fails with
+    ``BackendUnavailable`` within the creation bound (connect + 2 x operation timeout:
+    3 s), not never; the WAL goes on appending; the reader made after the read gave up
+    is closed while the WAL is still open."""
+    wal = await walsvc.open_wal(broker.url, pchannel(), operation_timeout=1.0, connect_timeout=1.0)
+    let_go = threading.Event()
+    held: list[Any] = []
+    real_reader = walsvc.backends._pulsar._log.Reader
+
+    def first_held(reader: Any, schema: Any) -> Any:
+        made = real_reader(reader, schema)
+        if not held:
+            held.append(made)
+            let_go.wait(HANG)
+        return made
+
+    try:
+        await wal.append(data("before", 0))
+        monkeypatch.setattr(walsvc.backends._pulsar._log, "Reader", first_held)
+        scanner = wal.read(DeliverPolicy.all())
+        with pytest.raises(walsvc.BackendUnavailable, match="did not finish creating a reader"):
+            async with asyncio.timeout(HANG):
+                await anext(scanner)
+        assert len(held) == 1
+        assert held[0]._reader.is_connected()
+        in_flight = set(backend_of(wal).client.creations._in_flight)  # with its disposal
+        await wal.append(data("meanwhile", 1))
+        let_go.set()
+        await asyncio.wait(in_flight, timeout=HANG)
+        assert not held[0]._reader.is_connected()
+        await wal.append(data("after", 2))
+    finally:
+        let_go.set()
         await wal.aclose()
 
 

@@ -33,7 +33,7 @@ import walsvc.backends._pulsar._scanner
 import walsvc.backends._pulsar._sender
 from walsvc import DeliverPolicy
 from walsvc.backends._pulsar import PulsarMessageId
-from walsvc.backends._pulsar._client import Client
+from walsvc.backends._pulsar._client import Client, Options
 from walsvc.backends._pulsar._log import EARLIEST, create_reader
 from walsvc.backends._pulsar._reader import OrderedReader
 from walsvc.backends._pulsar._scanner import PulsarScanner
@@ -56,7 +56,8 @@ async def topic_client(broker: PulsarLite) -> AsyncIterator[TopicClient]:
     raw = pulsar_asyncio.Client(broker.url, logger=client_logger())
     try:
         yield TopicClient(
-            Client(raw, broker.url), f"persistent://public/default/ordered-{uuid.uuid4().hex}"
+            Client(raw, broker.url, Options()),
+            f"persistent://public/default/ordered-{uuid.uuid4().hex}",
         )
     finally:
         await raw.close()

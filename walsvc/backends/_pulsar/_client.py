@@ -193,15 +193,24 @@ class Client:
 
     __slots__ = ("creations", "pulsar")
 
-    def __init__(self, client: pulsar_asyncio.Client, url: str) -> None:
+    def __init__(self, client: pulsar_asyncio.Client, url: str, options: Options) -> None:
         self.pulsar = client
-        self.creations = Creations(f"the Pulsar client of {url}")
+        self.creations = Creations(f"the Pulsar client of {url}", creation_bound(options))
 
     @property
     def raw(self) -> Any:
         """The C++ client (``_pulsar.Client``), for the callback-style ``*_async`` calls
         (see ``call_async``)."""
         return self.pulsar._client
+
+
+def creation_bound(options: Options) -> float:
+    """Seconds a caller waits for a reader, consumer or producer at most (see
+    ``Creations``): a creation looks the topic up (within the operation timeout),
+    connects to its broker (the connect timeout), then subscribes or registers (the
+    operation timeout again); pulsar-client bounds each step, this bounds a call of it
+    that never returns."""
+    return options.connect_timeout + 2 * options.operation_timeout
 
 
 def connect(location: str, options: Options) -> Client:
@@ -216,7 +225,7 @@ def connect(location: str, options: Options) -> Client:
         )
     except PULSAR_ERRORS as exc:
         raise translate(exc, f"cannot create a Pulsar client for {url}") from exc
-    return Client(client, url)
+    return Client(client, url, options)
 
 
 #: The callbacks of ``call_async`` that pulsar-client may still hold, weakly: each leaves

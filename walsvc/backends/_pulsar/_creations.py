@@ -13,6 +13,12 @@ closed (disposed of) when it arrives; and ``Creations.aclose``, which the backen
 before it closes the client, refuses new creations and waits for those in flight. Other
 work that must end before the client closes (a reader's close, which waits for a pop in
 a worker thread first) goes through ``Creations.see_through``.
+
+A creation's caller waits a bounded time (``Creations(within=...)``): pulsar-client's
+synchronous ``create_reader`` was seen never to return when its client closed right after
+a broker restart (docs/pulsar-heap-corruption.md), and its operation timeout does not
+cover that. The caller then gets ``BackendUnavailable``; the creation goes on as for a
+cancelled caller.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, TypeVar, final
 
-from walsvc.core._errors import WALClosed
+from walsvc.core._errors import BackendUnavailable, WALClosed
 
 __all__ = ("DISPOSE_WITHIN", "Creations")
 
@@ -38,11 +44,13 @@ DISPOSE_WITHIN: Final = 1.0
 class Creations:
     """The creations in flight on one client (see the module's docstring)."""
 
-    __slots__ = ("_closing", "_in_flight", "_what")
+    __slots__ = ("_closing", "_in_flight", "_what", "_within")
 
-    def __init__(self, what: str) -> None:
-        #: What the client serves, for the error of a creation refused after the close.
+    def __init__(self, what: str, within: float) -> None:
+        #: What the client serves, for the errors of a creation.
         self._what = what
+        #: Seconds a caller of ``make`` waits for its creation at most.
+        self._within = within
         self._closing = False
         #: Creations not yet ended, and disposals of what cancelled callers left.
         self._in_flight: set[asyncio.Future[Any]] = set()
@@ -59,19 +67,34 @@ class Creations:
     ) -> _T:
         """What ``create`` makes. If the caller is cancelled (or times out) first, the
         creation still runs to its end and what it makes is handed to ``dispose``
-        (errors ignored, within ``DISPOSE_WITHIN`` seconds). ``WALClosed`` once
-        ``aclose`` was called (``create`` is then not started)."""
+        (errors ignored, within ``DISPOSE_WITHIN`` seconds). A creation that has not ended
+        within the bound given to ``Creations`` is left so too, and the caller gets
+        ``BackendUnavailable``. ``WALClosed`` once ``aclose`` was called (``create`` is
+        then not started)."""
         if self._closing:
             create.close()
             raise WALClosed(f"{self._what} is closed")
         creation = asyncio.ensure_future(create)
         self._track(creation)
-        try:
-            return await asyncio.shield(creation)
+        try:  # asyncio.wait never cancels the creation
+            ended, _ = await asyncio.wait((creation,), timeout=self._within)
         except asyncio.CancelledError:
-            if dispose is not None:
-                self._track(asyncio.ensure_future(_dispose_when_made(creation, dispose)))
+            self._leave(creation, dispose)
             raise
+        if not ended:
+            self._leave(creation, dispose)
+            raise BackendUnavailable(
+                f"{self._what} did not finish creating a reader, consumer or producer"
+                f" within {self._within} s"
+            )
+        return creation.result()
+
+    def _leave(
+        self, creation: asyncio.Future[_T], dispose: Callable[[_T], Awaitable[None]] | None
+    ) -> None:
+        """Have what ``creation`` makes disposed of: its caller has gone."""
+        if dispose is not None:
+            self._track(asyncio.ensure_future(_dispose_when_made(creation, dispose)))
 
     def see_through(self, work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         """Run ``work`` to its end, whatever happens to whoever awaits the returned
