@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from _stacks import stacks_on_timeout
+
 import walsvc
 from walsvc import DeliverPolicy, Message, MessageType
 
@@ -106,7 +108,7 @@ class FaultSchedule:
         finally:
             self.broker.resume()
             self._stopping.set()
-        async with asyncio.timeout(240):
+        async with stacks_on_timeout(240, "the schedule's final phase"):
             await asyncio.gather(*producers)
             assert self.wal is not None
             await self._close(self.wal)
@@ -115,7 +117,7 @@ class FaultSchedule:
 
     async def _open(self) -> walsvc.WAL:
         """A new writer, tried until the broker lets it open (it may be restarting)."""
-        async with asyncio.timeout(120):
+        async with stacks_on_timeout(120, "opening a WAL"):
             while True:
                 try:
                     return await walsvc.open_wal(self.broker.url, self.pchannel, **self.options)
@@ -245,7 +247,7 @@ class FaultSchedule:
             latest = await wal.latest_message_id()
             assert latest is not None
             async with (
-                asyncio.timeout(120),
+                stacks_on_timeout(120, "the check's read"),
                 wal.read(DeliverPolicy.all(), raw=True, use_cache=False) as scanner,
             ):
                 async for message in scanner:

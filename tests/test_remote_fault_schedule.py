@@ -50,6 +50,7 @@ from typing import Final
 import pytest
 from _network_faults import strike_until
 from _node_process import RestartableNode
+from _stacks import stacks_on_timeout
 from _tcp_proxy import TcpProxy
 
 import scanners
@@ -455,7 +456,7 @@ async def _round(node: RestartableNode, seed: int, outcomes: Counter[str]) -> No
     )
     await asyncio.sleep(ROUND_SECONDS)
     stop.set()
-    async with asyncio.timeout(60):
+    async with stacks_on_timeout(60, "the schedule's final phase"):
         await producers
         done = await faults
     tcp.release()
