@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +70,8 @@ class Ledger:
     nothing_written: set[str] = field(default_factory=set)
     unresolved: set[str] = field(default_factory=set)
     errors: Counter[str] = field(default_factory=Counter)
+    #: The last errors the appends raised, newest last (shown if the run hangs).
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=8))
     strange: list[str] = field(default_factory=list)
     events: Counter[str] = field(default_factory=Counter)
 
@@ -108,12 +110,20 @@ class FaultSchedule:
         finally:
             self.broker.resume()
             self._stopping.set()
-        async with stacks_on_timeout(240, "the schedule's final phase"):
+        async with stacks_on_timeout(240, "the schedule's final phase", self._state):
             await asyncio.gather(*producers)
             assert self.wal is not None
             await self._close(self.wal)
             await asyncio.gather(*self._closing)
         return self.ledger
+
+    def _state(self) -> str:
+        """What the run has seen so far (for the dump of a run that hangs)."""
+        ledger = self.ledger
+        return (
+            f"faults {dict(ledger.events)}; errors {dict(ledger.errors)}; the last:\n  "
+            + "\n  ".join(ledger.recent)
+        )
 
     async def _open(self) -> walsvc.WAL:
         """A new writer, tried until the broker lets it open (it may be restarting)."""
@@ -174,6 +184,7 @@ class FaultSchedule:
                     break
                 if isinstance(result, walsvc.WALError):
                     self.ledger.errors[type(result).__name__] += 1
+                    self.ledger.recent.append(f"{label}: {result!r}")
                 if not keyed:
                     if isinstance(result, NOTHING_WRITTEN):
                         self.ledger.nothing_written.add(label)

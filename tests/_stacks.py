@@ -9,7 +9,7 @@ import asyncio
 import faulthandler
 import linecache
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
 from typing import Any
@@ -17,12 +17,16 @@ from typing import Any
 __all__ = ("dump_stacks", "stacks_on_timeout")
 
 
-def dump_stacks(why: str) -> None:
-    """Write ``why``, then where each task of the running loop waits (the whole chain of
-    coroutines it awaits through, innermost last), then every thread's Python stack."""
+def dump_stacks(why: str, state: str = "") -> None:
+    """Write ``why`` and ``state`` (what the caller knows of the run), then where each
+    task of the running loop waits (the whole chain of coroutines it awaits through,
+    innermost last), then every thread's Python stack."""
     out = sys.stderr
     tasks = asyncio.all_tasks()
-    print(f"\n=== {why}: the stacks of {len(tasks)} tasks ===", file=out)
+    print(f"\n=== {why} ===", file=out)
+    if state:
+        print(state, file=out)
+    print(f"=== the stacks of {len(tasks)} tasks ===", file=out)
     for task in tasks:
         print(f"--- {task.get_name()}: {task!r}", file=out)
         for frame in _awaited_frames(task.get_coro()):
@@ -56,14 +60,17 @@ _AWAITS = ("cr_await", "gi_yieldfrom", "ag_await")
 
 
 @asynccontextmanager
-async def stacks_on_timeout(seconds: float, what: str) -> AsyncIterator[None]:
-    """``asyncio.timeout(seconds)`` that dumps the stacks (``dump_stacks``) when its time
-    is up, before it cancels anything (a cancelled task has unwound its stack)."""
+async def stacks_on_timeout(
+    seconds: float, what: str, state: Callable[[], str] | None = None
+) -> AsyncIterator[None]:
+    """``asyncio.timeout(seconds)`` that dumps the stacks (``dump_stacks``, with what
+    ``state()`` says) when its time is up, before it cancels anything (a cancelled task
+    has unwound its stack)."""
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(None) as scope:
 
         def time_up() -> None:
-            dump_stacks(f"{what} did not end within {seconds} s")
+            dump_stacks(f"{what} did not end within {seconds} s", state() if state else "")
             scope.reschedule(loop.time())
 
         handle = loop.call_later(seconds, time_up)
