@@ -257,3 +257,41 @@ async def test_a_second_exclusive_consumer_is_refused_as_busy(broker: PulsarLite
     finally:
         await first.close()
         await second.close()
+
+
+class _GivenUp:
+    """Stands in for a checkpoint producer pulsar-client 3.12 gave up on (see
+    ``_producers``): never connected again; a send fails as its send timeout fails it."""
+
+    def __init__(self, real: pulsar_asyncio.Producer) -> None:
+        self.real = real
+        self._producer = self
+        self.closed = False
+
+    def is_connected(self) -> bool:
+        return False
+
+    def send_async(self, message: Any, callback: Any) -> None:
+        callback(pulsar.Result.Timeout, None)
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.real.close()
+
+
+async def test_a_checkpoint_producer_pulsar_client_gave_up_on_is_replaced(
+    broker: PulsarLite,
+) -> None:
+    """The write that meets it fails (retriably); the next one makes a new producer."""
+    async with await walsvc.open_wal(broker.url, pchannel()) as wal:
+        store = store_of(wal)
+        await store.save("a", checkpoint(3, 50))
+        given_up = _GivenUp(store._producer)  # type: ignore[arg-type]
+        store._producer = given_up  # type: ignore[assignment]
+        with pytest.raises(walsvc.BackendUnavailable):
+            await store.save("a", checkpoint(4, 60))
+        assert given_up.closed
+        await store.save("a", checkpoint(5, 70))
+        assert store._producer is not given_up
+        async with await walsvc.open_wal(broker.url, wal.pchannel, read_only=True) as other:
+            assert await store_of(other).load("a") == checkpoint(5, 70)

@@ -35,6 +35,7 @@ import walsvc
 import walsvc.backends._pulsar._writer
 from walsvc import DeliverPolicy
 from walsvc.backends._pulsar import PulsarMessageId
+from walsvc.backends._pulsar._calls import close
 
 # Fixtures imported from the helper module (pytest finds them by name here).
 __all__ = ("broker",)
@@ -262,14 +263,14 @@ async def test_a_failed_group_persisted_later_stays_invalid(broker: PulsarLite) 
         await wal.append(data("before", 0))
         writer = backend_of(wal)._writer
         assert writer is not None
-        real = writer._producer
+        real = writer._producers._producer
         late = _LateSends(real, hold=1)
-        writer._producer = late  # type: ignore[assignment]
+        writer._producers._producer = late  # type: ignore[assignment]
         with pytest.raises(walsvc.BackendUnavailable):
             await wal.append(data("lost", 0))
         assert writer.sealed == 1
         await late.release()  # the "lost" bytes land now, after the seal
-        writer._producer = real
+        writer._producers._producer = real
         await wal.append(data("after", 0))
         stored = await raw_payloads(broker.url, backend_of(wal).topic)
         assert b"lost:0" in stored
@@ -313,13 +314,62 @@ async def test_a_group_slow_to_be_acknowledged_is_logged(
     async with await walsvc.open_wal(broker.url, pchannel(), interceptors=[]) as wal:
         writer = backend_of(wal)._writer
         assert writer is not None
-        real = writer._producer
-        writer._producer = _SlowAcks(real, 0.5)  # type: ignore[assignment]
+        real = writer._producers._producer
+        writer._producers._producer = _SlowAcks(real, 0.5)  # type: ignore[assignment]
         with caplog.at_level(logging.WARNING, logger="walsvc.pulsar"):
             result = await wal.append(data("slow", 0))
-        writer._producer = real
+        writer._producers._producer = real
         assert result.message_id is not None
     (record,) = [r for r in caplog.records if r.name == "walsvc.pulsar"]
     assert record.levelno == logging.WARNING
     assert "1 of the 1 sends of group" in record.getMessage()
     assert "not acknowledged after 0.1 s" in record.getMessage()
+
+
+# ---------------------------------------------------------------------------------------
+# A producer pulsar-client gave up on
+
+
+class _GivenUp:
+    """Stands in for a producer pulsar-client 3.12 gave up on: its reconnection was
+    cancelled for good (the start timeout of ``_producers``' docstring), so it never
+    connects again. pulsar-client gets there only when a disconnection meets that
+    timeout (3 runs in 62 of one seed of the fault schedule), not on demand."""
+
+    def __init__(self, real: pulsar_asyncio.Producer) -> None:
+        self.real = real
+        self._producer = real._producer
+        self.closed = False
+
+    def is_connected(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        self.closed = True
+        await close(self.real)
+
+
+async def test_a_producer_pulsar_client_gave_up_on_is_replaced(broker: PulsarLite) -> None:
+    """Appends fail fast (retriably) while the producer is disconnected; once it has been
+    seen so for the operation timeout (1 s) the writer makes a new producer and closes
+    the old one, and the appends the WAL retried meanwhile land, each once, in order."""
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, operation_timeout=1.0) as wal:
+        await wal.append(data("before", 0))
+        writer = backend_of(wal)._writer
+        assert writer is not None
+        producers = writer._producers
+        given_up = _GivenUp(producers._producer)  # type: ignore[arg-type]
+        producers._producer = given_up  # type: ignore[assignment]
+        async with asyncio.timeout(HANG):  # the WAL's Redo retries BackendUnavailable
+            for i in range(3):
+                await wal.append(data("after", i))
+        assert producers.replaced == 1
+        assert given_up.closed
+        assert producers._producer is not given_up
+        assert await read_labels(broker.url, pch, DeliverPolicy.all(), 4) == [
+            "before:0",
+            "after:0",
+            "after:1",
+            "after:2",
+        ]

@@ -33,7 +33,7 @@ Truncation is not supported (pulsar-client has no admin API, and Pulsar Lite ser
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, final
 
 import pulsar.asyncio as pulsar_asyncio
@@ -58,6 +58,7 @@ from ._client import (
 )
 from ._ids import PulsarMessageId
 from ._log import STOP_WITHIN, TailTracker, close_quietly
+from ._producers import ProducerKeeper
 from ._records import BARRIER, term_of_barrier
 from ._scanner import PulsarScanner
 from ._seek import start_at_timetick
@@ -82,7 +83,6 @@ class PulsarBackend(Backend):
         pchannel: str,
         options: Options,
         writer: GroupWriter | None,
-        producer: pulsar_asyncio.Producer | None,
     ) -> None:
         self.client = client
         self.location = location
@@ -92,7 +92,6 @@ class PulsarBackend(Backend):
         self.read_only = writer is None
         self.term = 0 if writer is None else term_of_barrier(writer.barrier)
         self._writer = writer
-        self._producer = producer
         self._tracker = TailTracker(client, topic, options.operation_timeout)
         self._scanners: set[PulsarScanner] = set()
         self._subscriptions: PulsarSubscriptionStore | None = None
@@ -117,20 +116,28 @@ class PulsarBackend(Backend):
             # timeout) and refuse a partitioned topic before anything is written.
             await _reach(parsed.connect_timeout, _look_up(client, topic, location), location)
             if read_only:
-                return cls(client, location, topic, pchannel, parsed, None, None)
+                return cls(client, location, topic, pchannel, parsed, None)
             producer = await _within(
-                parsed.connect_timeout, _create_producer(client, topic, parsed), location
+                parsed.connect_timeout,
+                _create_producer(client, topic, parsed, fencing=True),
+                location,
             )
             barrier = await _within(parsed.operation_timeout, _send_barrier(producer), location)
+
+            def replacement() -> Awaitable[pulsar_asyncio.Producer]:
+                making = _create_producer(client, topic, parsed, fencing=False)
+                return _within(parsed.connect_timeout, making, location)
+
+            producers = ProducerKeeper(producer, replacement, topic, parsed.operation_timeout)
             writer = GroupWriter(
                 client,
-                producer,
+                producers,
                 topic,
                 term_of_barrier(barrier),
                 barrier,
                 parsed.operation_timeout,
             )
-            return cls(client, location, topic, pchannel, parsed, writer, producer)
+            return cls(client, location, topic, pchannel, parsed, writer)
         except BaseException:
             if producer is not None:
                 await close_quietly(producer, 1.0)
@@ -233,9 +240,6 @@ class PulsarBackend(Backend):
         if self._writer is not None:
             closing.append(self._writer.aclose(self.options.close_timeout))
         await asyncio.gather(*closing, return_exceptions=True)  # none of them raises
-        if self._producer is not None:
-            await close_quietly(self._producer, STOP_WITHIN)
-            self._producer = None  # freed now, while its client runs (see _calls.holding)
         await _close_client(self.client)
 
 
@@ -298,7 +302,13 @@ async def _look_up(client: Client, topic: str, location: str) -> None:
         )
 
 
-async def _create_producer(client: Client, topic: str, options: Options) -> pulsar_asyncio.Producer:
+async def _create_producer(
+    client: Client, topic: str, options: Options, *, fencing: bool
+) -> pulsar_asyncio.Producer:
+    """The writer's producer: with ``fencing``, the first one of a writer, which takes
+    the topic from any other producer; without, a replacement (``_producers``), which
+    must not."""
+    modes = pulsar_asyncio.ProducerAccessMode
     creating = create_producer(
         client,
         topic,
@@ -308,7 +318,7 @@ async def _create_producer(client: Client, topic: str, options: Options) -> puls
         batching_max_publish_delay_ms=options.batching_max_publish_delay_ms,
         max_pending_messages=100_000,
         block_if_queue_full=False,
-        access_mode=pulsar_asyncio.ProducerAccessMode.ExclusiveWithFencing,
+        access_mode=modes.ExclusiveWithFencing if fencing else modes.Exclusive,
     )
     try:
         return await client.creations.make(creating, close)

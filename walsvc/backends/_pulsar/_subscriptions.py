@@ -155,14 +155,25 @@ class PulsarSubscriptionStore(SubscriptionStore):
                     producer = await self._started_producer()
                     await _send(producer, value, properties, name)
             except TimeoutError:
+                await self._drop_if_disconnected()
                 raise BackendUnavailable(
                     f"writing the checkpoint of subscription {name!r} to {self.topic} took"
                     f" longer than {self._timeout} s"
                 ) from None
             except PULSAR_ERRORS as exc:
+                await self._drop_if_disconnected()
                 raise translate(
                     exc, f"cannot write the checkpoint of subscription {name!r} to {self.topic}"
                 ) from exc
+
+    async def _drop_if_disconnected(self) -> None:
+        """After a failed write: close a producer that is not connected, so that the next
+        write makes a new one. pulsar-client 3.12 may have given up on it for good (see
+        ``_producers``); one that was only reconnecting costs a creation."""
+        producer = self._producer
+        if producer is not None and not producer.is_connected():
+            self._producer = None
+            await close_quietly(producer, STOP_WITHIN)
 
     async def _started_producer(self) -> pulsar_asyncio.Producer:
         if self._producer is None:

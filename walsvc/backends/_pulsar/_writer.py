@@ -26,7 +26,8 @@ Closing (``begin_close``, then ``aclose``): see ``begin_close``.
 
 A group whose sends failed is resolved by reading the log: found whole and valid ->
 acknowledged with the ids found; not found -> sealed (below), then sent again (the
-appends fail with ``BackendUnavailable`` if the producer lost its broker); the log
+appends fail with ``BackendUnavailable`` if the producer lost its broker, and a producer
+pulsar-client gave up on is replaced: ``_producers``); the log
 unreadable -> ``AppendOutcomeUnknown``.
 
 The seal. A failed send may still be persisted by the broker after the writer read the
@@ -48,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, final
+from typing import Final, final
 
 from walsvc.backends._identity import named_writer
 from walsvc.core._errors import (
@@ -64,11 +65,9 @@ from walsvc.core._errors import (
 from ._client import PULSAR_ERRORS, Client
 from ._ids import PulsarMessageId
 from ._log import ForwardRead, last_entry
+from ._producers import ProducerKeeper
 from ._records import ChainValidator, Link, term_of_barrier
 from ._sender import Fenced, TooBig, contiguous, send_group, send_seal
-
-if TYPE_CHECKING:
-    import pulsar.asyncio as pulsar_asyncio
 
 __all__ = ("GroupWriter",)
 
@@ -85,15 +84,15 @@ class GroupWriter:
     def __init__(
         self,
         client: Client,
-        producer: pulsar_asyncio.Producer,
+        producers: ProducerKeeper,
         topic: str,
         term: int,
         barrier: PulsarMessageId,
         timeout: float,
     ) -> None:
         self._client = client
-        #: None once closed: a closed writer holds no pulsar object (see ``aclose``).
-        self._producer: pulsar_asyncio.Producer | None = producer
+        #: The producer, replaced when pulsar-client gave up on it (``_producers``).
+        self._producers = producers
         self._topic = topic
         self._term = term
         self._timeout = timeout
@@ -168,7 +167,7 @@ class GroupWriter:
         if self._close_handle is not None:
             self._close_handle.cancel()
         self._fail_queue(WALClosed(f"pulsar WAL of {self._topic} was closed"))
-        self._producer = None  # its owner closes it, then frees it before the client
+        await self._producers.aclose()  # freed now, while its client runs (_calls.holding)
 
     # -- the group loop -------------------------------------------------------------------
 
@@ -337,19 +336,9 @@ class GroupWriter:
         queued, self._queue = self._queue, []
         self._fail(queued, exc)
 
-    def _live_producer(self) -> pulsar_asyncio.Producer:
-        """The producer; ``WALClosed`` once the writer is closed."""
-        if self._producer is None:
-            raise WALClosed(f"pulsar WAL of {self._topic} was closed")
-        return self._producer
-
     async def _append_group(self, records: list[bytes]) -> list[PulsarMessageId]:
         for _attempt in range(_RESENDS):
-            producer = self._live_producer()
-            if not producer.is_connected():  # fail fast: nothing was sent
-                raise BackendUnavailable(
-                    f"pulsar WAL of {self._topic}: the producer is not connected to the broker"
-                )
+            producer = await self._producers.connected()  # fail fast: nothing was sent
             if self.end is None:
                 self.end = await self._read_end()
             prev = self.end
@@ -385,7 +374,7 @@ class GroupWriter:
             if end is None:  # unreachable: _resolve read at least ``prev``
                 break
             seal = await send_seal(
-                self._live_producer(), end, f"{self._term}.s{next(self._seq)}", self._timeout
+                self._producers.producer, end, f"{self._term}.s{next(self._seq)}", self._timeout
             )
             if seal is not None and contiguous(end, [seal]):
                 self.end = self._good = seal
