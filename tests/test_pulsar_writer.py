@@ -373,3 +373,38 @@ async def test_a_producer_pulsar_client_gave_up_on_is_replaced(broker: PulsarLit
             "after:1",
             "after:2",
         ]
+
+
+async def test_a_refused_replacement_without_a_newer_writer_is_no_fence(
+    broker: PulsarLite,
+) -> None:
+    """The broker may refuse the new producer as the holder of another's exclusive
+    access (``ProducerBusy``: it still holds this writer's old producer). With no newer
+    writer's barrier in the log that is no fence: the appends fail retriably, and the
+    next replacement lands them."""
+    pch = pchannel()
+    async with await walsvc.open_wal(broker.url, pch, operation_timeout=1.0) as wal:
+        await wal.append(data("before", 0))
+        writer = backend_of(wal)._writer
+        assert writer is not None
+        producers = writer._producers
+        make = producers._make
+        refusals = 0
+
+        async def refused_once() -> pulsar_asyncio.Producer:
+            nonlocal refusals
+            if refusals == 0:
+                refusals += 1
+                raise walsvc.WALFenced("ProducerBusy: another exclusive producer holds it")
+            return await make()
+
+        producers._make = refused_once
+        given_up = _GivenUp(producers._producer)  # type: ignore[arg-type]
+        producers._producer = given_up  # type: ignore[assignment]
+        async with asyncio.timeout(HANG):  # the WAL's Redo retries BackendUnavailable
+            await wal.append(data("after", 0))
+        assert (refusals, producers.replaced) == (1, 1)
+        assert await read_labels(broker.url, pch, DeliverPolicy.all(), 2) == [
+            "before:0",
+            "after:0",
+        ]

@@ -14,7 +14,9 @@ makes a new one, then closes the old one. Replacing a producer that was only slo
 a creation and nothing else: what the old one still held fails when it closes, and the
 writer's chain (``_writer``) settles what a failed group left in the log. A replacement
 asks for ``Exclusive`` access, never ``ExclusiveWithFencing``: it must not take the
-topic from a newer writer (the writer then sees that writer's barrier and is fenced).
+topic from a newer writer. A refusal (``WALFenced``: the broker may still hold the old
+producer) is the writer's to judge against the log: fenced only if a newer writer's
+barrier is there (``GroupWriter._live_producer``).
 """
 
 from __future__ import annotations

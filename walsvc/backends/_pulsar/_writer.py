@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from typing import Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from walsvc.backends._identity import named_writer
 from walsvc.core._errors import (
@@ -68,6 +68,9 @@ from ._log import ForwardRead, last_entry
 from ._producers import ProducerKeeper
 from ._records import ChainValidator, Link, term_of_barrier
 from ._sender import Fenced, TooBig, contiguous, send_group, send_seal
+
+if TYPE_CHECKING:
+    import pulsar.asyncio as pulsar_asyncio
 
 __all__ = ("GroupWriter",)
 
@@ -336,9 +339,25 @@ class GroupWriter:
         queued, self._queue = self._queue, []
         self._fail(queued, exc)
 
+    async def _live_producer(self) -> pulsar_asyncio.Producer:
+        """The producer, connected (``ProducerKeeper.connected``: fails fast, nothing
+        sent). A replacement the broker refuses as another's exclusive topic
+        (``WALFenced``) is checked against the log: ``Fenced`` if a newer writer's
+        barrier is there, else ``BackendUnavailable`` (the broker still holds this
+        writer's old producer)."""
+        try:
+            return await self._producers.connected()
+        except WALFenced as exc:
+            self.end = None
+            self.end = await self._read_end()  # Fenced if a newer barrier is in the log
+            raise BackendUnavailable(
+                f"pulsar WAL of {self._topic}: the broker refused a new producer ({exc}),"
+                " and no newer writer's barrier is in the log"
+            ) from exc
+
     async def _append_group(self, records: list[bytes]) -> list[PulsarMessageId]:
         for _attempt in range(_RESENDS):
-            producer = await self._producers.connected()  # fail fast: nothing was sent
+            producer = await self._live_producer()
             if self.end is None:
                 self.end = await self._read_end()
             prev = self.end
