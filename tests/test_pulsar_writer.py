@@ -36,6 +36,7 @@ import walsvc.backends._pulsar._writer
 from walsvc import DeliverPolicy
 from walsvc.backends._pulsar import PulsarMessageId
 from walsvc.backends._pulsar._calls import close
+from walsvc.backends._pulsar._producers import ProducerKeeper
 
 # Fixtures imported from the helper module (pytest finds them by name here).
 __all__ = ("broker",)
@@ -349,18 +350,24 @@ class _GivenUp:
         await close(self.real)
 
 
+async def _given_up_after_one_append(wal: walsvc.WAL) -> tuple[ProducerKeeper, _GivenUp]:
+    """Append "before:0", then swap the writer's producer for a ``_GivenUp``."""
+    await wal.append(data("before", 0))
+    writer = backend_of(wal)._writer
+    assert writer is not None
+    producers = writer._producers
+    given_up = _GivenUp(producers._producer)  # type: ignore[arg-type]
+    producers._producer = given_up  # type: ignore[assignment]
+    return producers, given_up
+
+
 async def test_a_producer_pulsar_client_gave_up_on_is_replaced(broker: PulsarLite) -> None:
     """Appends fail fast (retriably) while the producer is disconnected; once it has been
     seen so for the operation timeout (1 s) the writer makes a new producer and closes
     the old one, and the appends the WAL retried meanwhile land, each once, in order."""
     pch = pchannel()
     async with await walsvc.open_wal(broker.url, pch, operation_timeout=1.0) as wal:
-        await wal.append(data("before", 0))
-        writer = backend_of(wal)._writer
-        assert writer is not None
-        producers = writer._producers
-        given_up = _GivenUp(producers._producer)  # type: ignore[arg-type]
-        producers._producer = given_up  # type: ignore[assignment]
+        producers, given_up = await _given_up_after_one_append(wal)
         async with asyncio.timeout(HANG):  # the WAL's Redo retries BackendUnavailable
             for i in range(3):
                 await wal.append(data("after", i))
@@ -384,10 +391,7 @@ async def test_a_refused_replacement_without_a_newer_writer_is_no_fence(
     next replacement lands them."""
     pch = pchannel()
     async with await walsvc.open_wal(broker.url, pch, operation_timeout=1.0) as wal:
-        await wal.append(data("before", 0))
-        writer = backend_of(wal)._writer
-        assert writer is not None
-        producers = writer._producers
+        producers, _ = await _given_up_after_one_append(wal)
         make = producers._make
         refusals = 0
 
@@ -399,8 +403,6 @@ async def test_a_refused_replacement_without_a_newer_writer_is_no_fence(
             return await make()
 
         producers._make = refused_once
-        given_up = _GivenUp(producers._producer)  # type: ignore[arg-type]
-        producers._producer = given_up  # type: ignore[assignment]
         async with asyncio.timeout(HANG):  # the WAL's Redo retries BackendUnavailable
             await wal.append(data("after", 0))
         assert (refusals, producers.replaced) == (1, 1)

@@ -41,7 +41,7 @@ class ProducerKeeper:
     calls that need no connection, ``connected()`` for sends. ``make()`` makes a
     replacement (and raises what a failed creation raises)."""
 
-    __slots__ = ("_clock", "_make", "_producer", "_since", "_stuck_after", "_topic", "replaced")
+    __slots__ = ("_make", "_producer", "_since", "_stuck_after", "_topic", "replaced")
 
     def __init__(
         self,
@@ -49,14 +49,12 @@ class ProducerKeeper:
         make: Callable[[], Awaitable[pulsar_asyncio.Producer]],
         topic: str,
         stuck_after: float,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: None once closed.
         self._producer: pulsar_asyncio.Producer | None = producer
         self._make = make
         self._topic = topic
         self._stuck_after = stuck_after
-        self._clock = clock
         #: When the producer was first seen disconnected (None: connected when last seen).
         self._since: float | None = None
         #: How many producers were replaced (for stats and tests).
@@ -77,7 +75,7 @@ class ProducerKeeper:
         if producer.is_connected():
             self._since = None
             return producer
-        now = self._clock()
+        now = time.monotonic()
         if self._since is None:
             self._since = now
         elif now - self._since >= self._stuck_after:
