@@ -46,16 +46,9 @@ from walsvc.core._errors import BackendUnavailable, InvalidArgument, WALClosed, 
 from walsvc.core._filter import Filter
 from walsvc.core._ids import MessageId
 
-from ._calls import close, close_client, create_producer, topic_partitions
-from ._client import (
-    PULSAR_ERRORS,
-    Client,
-    Options,
-    call_async,
-    connect,
-    parse_options,
-    translate,
-)
+from ._calls import close, create_producer, topic_partitions
+from ._client import PULSAR_ERRORS, Client, Options, call_async, parse_options, translate
+from ._clients import lease
 from ._ids import PulsarMessageId
 from ._log import STOP_WITHIN, TailTracker, close_quietly
 from ._producers import ProducerKeeper
@@ -109,7 +102,7 @@ class PulsarBackend(Backend):
     ) -> PulsarBackend:
         parsed = parse_options(options)
         topic = f"{parsed.topic_prefix}{pchannel}"
-        client = connect(location, parsed)
+        client = lease(location, parsed)
         producer: pulsar_asyncio.Producer | None = None
         try:
             # Reach the broker now (an unreachable one fails the open, within the
@@ -141,7 +134,7 @@ class PulsarBackend(Backend):
         except BaseException:
             if producer is not None:
                 await close_quietly(producer, 1.0)
-            await _close_client(client)
+            await _end_lease(client)
             raise
 
     def append(self, records: Sequence[bytes]) -> asyncio.Future[list[PulsarMessageId]]:
@@ -240,7 +233,7 @@ class PulsarBackend(Backend):
         if self._writer is not None:
             closing.append(self._writer.aclose(self.options.close_timeout))
         await asyncio.gather(*closing, return_exceptions=True)  # none of them raises
-        await _close_client(self.client)
+        await _end_lease(self.client)
 
 
 async def _within(seconds: float, awaitable: Any, location: str) -> Any:
@@ -340,16 +333,8 @@ async def _send_barrier(producer: pulsar_asyncio.Producer) -> PulsarMessageId:
         raise translate(exc, "cannot append the writer's barrier") from exc
 
 
-async def _close_client(client: Client) -> None:
-    """Close the client once the creations in flight on it ended (``STOP_WITHIN`` at
-    most), within ``STOP_WITHIN``, else shut it down (its connections and threads end
-    without a word to the broker)."""
+async def _end_lease(client: Client) -> None:
+    """Stop using the WAL's lease of its client (``_clients``: the client lives on, for
+    the process's other and later WALs) once the creations in flight on it ended
+    (``STOP_WITHIN`` at most)."""
     await client.creations.aclose(STOP_WITHIN)
-    try:
-        async with asyncio.timeout(STOP_WITHIN):
-            await close_client(client)
-    except (TimeoutError, *PULSAR_ERRORS):
-        try:
-            client.pulsar.shutdown()
-        except PULSAR_ERRORS:
-            pass

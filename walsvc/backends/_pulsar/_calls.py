@@ -31,7 +31,6 @@ __all__ = (
     "Reader",
     "Resource",
     "close",
-    "close_client",
     "create_producer",
     "holding",
     "last_message_id",
@@ -107,11 +106,6 @@ async def topic_partitions(client: Client, topic: str) -> list[str]:
         lambda done: client.raw.get_topic_partitions_async(topic, done)
     )
     return partitions
-
-
-async def close_client(client: Client) -> None:
-    """Close ``client`` and every producer and consumer it made."""
-    await call_async(client.raw.close_async)
 
 
 async def create_producer(

@@ -8,7 +8,6 @@ package sees a pulsar exception: ``translate`` turns them into walsvc errors.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import gc
 import math
@@ -46,11 +45,12 @@ __all__ = (
     "call_async",
     "call_in_thread",
     "client_logger",
-    "connect",
     "parse_options",
     "pulsar_id",
+    "release_callbacks",
     "result_name",
     "result_of",
+    "service_url",
     "translate",
     "translate_result",
 )
@@ -185,11 +185,12 @@ def service_url(location: str) -> str:
 
 @final
 class Client:
-    """A walsvc client of one Pulsar service: pulsar.asyncio's client (``pulsar``) and
-    the creations in flight on it (``creations``). Every reader, consumer and producer
-    walsvc makes on it is made through ``creations.make``, and ``creations.aclose`` is
-    awaited before the client closes (see ``_creations``: a close that overtakes a
-    creation leaks it, with native threads)."""
+    """A WAL's lease of the process's client of one Pulsar service (``_clients``): the
+    shared pulsar.asyncio client (``pulsar``) and this WAL's creations in flight on it
+    (``creations``). Every reader, consumer and producer the WAL makes goes through
+    ``creations.make``, and the WAL awaits ``creations.aclose`` and closes what it made
+    before it gives the lease back (see ``_creations``: a close of the client that
+    overtakes a creation leaks it, with native threads)."""
 
     __slots__ = ("creations", "pulsar")
 
@@ -199,7 +200,7 @@ class Client:
 
     @property
     def raw(self) -> Any:
-        """The C++ client (``_pulsar.Client``), for the callback-style ``*_async`` calls
+        """The C++ client, for the callback-style calls pulsar.asyncio does not wrap
         (see ``call_async``)."""
         return self.pulsar._client
 
@@ -213,21 +214,6 @@ def creation_bound(options: Options) -> float:
     return options.connect_timeout + 2 * options.operation_timeout
 
 
-def connect(location: str, options: Options) -> Client:
-    """A client for ``location`` (connects lazily, on the first producer or reader)."""
-    url = service_url(location)
-    try:
-        client = pulsar_asyncio.Client(
-            url,
-            operation_timeout_seconds=max(1, math.ceil(options.operation_timeout)),
-            connection_timeout_ms=max(1, int(options.connect_timeout * 1000)),
-            logger=client_logger(),
-        )
-    except PULSAR_ERRORS as exc:
-        raise translate(exc, f"cannot create a Pulsar client for {url}") from exc
-    return Client(client, url, options)
-
-
 #: The callbacks of ``call_async`` that pulsar-client may still hold, weakly: each leaves
 #: this set once freed (pulsar-client holds a callback until the object it announced
 #: goes, or until a creation it outlived its client's shutdown with ends).
@@ -236,11 +222,11 @@ _held_callbacks: Final[set[weakref.ref[Callable[..., None]]]] = set()
 EXIT_WAIT: Final = 2.0
 
 
-@atexit.register
-def _release_at_exit() -> None:
-    """At interpreter exit, before its teardown: free the pulsar-client objects that
-    only reference cycles still hold, then wait (``EXIT_WAIT`` at most) until
-    pulsar-client has let go of every callback of ``call_async``.
+def release_callbacks() -> None:
+    """Free the pulsar-client objects that only reference cycles still hold, then wait
+    (``EXIT_WAIT`` at most) until pulsar-client has let go of every callback of
+    ``call_async``. Run at interpreter exit, before its teardown (``_clients``' exit
+    hook), with no event loop running.
 
     Why: pulsar-client's threads go on after the teardown began, and what they do then
     with a Python object takes the process down: SIGSEGV, or SIGABRT after "terminate

@@ -7,12 +7,13 @@ client's I/O context alive, with their threads. Measured with Pulsar Lite: a WAL
 while a read was still creating its reader left one native thread and six descriptors
 behind in 4 of 8 closes.
 
-So every creation on a walsvc client goes through ``Creations.make``: the creation runs
-to its end whatever happens to its caller; what a cancelled caller will never receive is
-closed (disposed of) when it arrives; and ``Creations.aclose``, which the backend awaits
-before it closes the client, refuses new creations and waits for those in flight. Other
-work that must end before the client closes (a reader's close, which waits for a pop in
-a worker thread first) goes through ``Creations.see_through``.
+So every creation of a WAL's goes through its lease's ``Creations.make`` (``_clients``:
+the WALs of a process share a client): the creation runs to its end whatever happens to
+its caller; what a cancelled caller will never receive is closed (disposed of) when it
+arrives; and ``Creations.aclose``, which the backend awaits before it gives its lease of
+the client back, refuses new creations and waits for those in flight. Other work that
+must end first (a reader's close, which waits for a pop in a worker thread first) goes
+through ``Creations.see_through``.
 
 A creation's caller waits a bounded time (``Creations(within=...)``): pulsar-client's
 synchronous ``create_reader`` was seen never to return when its client closed right after
