@@ -15,7 +15,7 @@ they follow the backend): ``batching_enabled=True``, ``batching_max_messages`` (
 ``batching_max_publish_delay_ms`` (10 ms), ``max_pending_messages=100_000``,
 ``block_if_queue_full=False``, ``send_timeout_millis`` = ``operation_timeout`` (30 s),
 ``access_mode=ExclusiveWithFencing``; the client's ``operation_timeout_seconds`` and
-``connection_timeout_ms`` as ``_client.connect`` sets them; batches up to the client's
+``connection_timeout_ms`` as ``_clients.lease`` sets them; batches up to the client's
 default 128 KiB in both. Not matched, by design: walsvc's writer calls ``flush`` after
 sending each group (so its batches leave as soon as the group is queued), while
 ``producer.send`` leaves its message to the batch timer: with 64 producers the raw
@@ -95,7 +95,7 @@ def _fresh(prefix: str) -> str:
 
 
 def _raw_client(broker: PulsarLite) -> pulsar_asyncio.Client:
-    """A client configured as walsvc's ``_client.connect`` configures its own."""
+    """A client configured as walsvc's ``_clients.lease`` configures its own."""
     return pulsar_asyncio.Client(
         broker.url,
         operation_timeout_seconds=max(1, math.ceil(DEFAULTS.operation_timeout)),

@@ -169,14 +169,18 @@ def test_pulsar_client_log_to_a_file(closed_port: int, tmp_path: Path) -> None:
 
 
 def test_pulsar_client_log_on_the_console(closed_port: int) -> None:
+    """The client's lines go to stdout, at the level asked for. Some may come after the
+    failed open: the process's client lives on (``_clients``), and its lookup goes on
+    retrying until its timeout or the client's shutdown at exit."""
     result = _python(
         OPEN, f"pulsar://127.0.0.1:{closed_port}", **{LOG_ENV: "console", LOG_LEVEL_ENV: "Error"}
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[-1] == "BackendUnavailable"
-    assert lines[:-1], lines
-    assert all(" ERROR " in line for line in lines[:-1]), lines
+    assert lines.count("BackendUnavailable") == 1, lines
+    logged = [line for line in lines if line != "BackendUnavailable"]
+    assert logged, lines
+    assert all(" ERROR " in line for line in logged), lines
 
 
 @pytest.mark.parametrize(

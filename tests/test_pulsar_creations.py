@@ -1,5 +1,5 @@
 """``Creations``: a creation on a Pulsar client runs to its end whatever happens to its
-caller, what a cancelled caller never receives is disposed of, and the client's close
+caller, what a cancelled caller never receives is disposed of, and the WAL's close
 waits for what is in flight (the close of a real client overtaking a real creation is
 in ``test_pulsar_exit``)."""
 

@@ -185,8 +185,8 @@ async def test_a_close_whose_caller_gives_up_goes_on_and_the_client_waits_for_it
     topic_client: TopicClient,
 ) -> None:
     """A close cancelled while it waits for the reader's pop in a worker still closes
-    the reader, and the client's creations (awaited before the client closes) wait for
-    it: else the client's close would race that pop. The read waiting meanwhile starts
+    the reader, and the WAL's creations (awaited by the WAL's close) wait for it: else
+    whatever comes after the close would race that pop. The read waiting meanwhile starts
     no new pop: it ends with ``WALClosed``."""
     creations = topic_client.client.creations
     reader = await _reader(topic_client)

@@ -49,8 +49,8 @@ def holding(raw: Any) -> pulsar.schema.BytesSchema:
     I/O executor to the object, whose destructor would tear the executor's
     ``io_context`` down on the freeing thread: a SIGSEGV in ``epoll_reactor::shutdown``
     from ``~HandlerBase`` was seen so, in a producer freed after its client. (Within a
-    cycle the collector may clear the schema first; walsvc's close drops its objects
-    before the client's close, see ``PulsarBackend.aclose``.)"""
+    cycle the collector may clear the schema first; a WAL's close drops its objects
+    itself, see ``PulsarBackend.aclose``; the client lives on, ``_clients``.)"""
     schema = pulsar.schema.BytesSchema()
     schema.attach_client(raw)
     return schema

@@ -19,8 +19,12 @@ creations through and closes what it made, then simply stops using the client. W
 idle client costs is its threads (four) and a connection to its broker.
 
 At exit, before the interpreter's teardown (whose destruction of a client its own threads
-still use takes the process down), ``_shut_down_at_exit`` waits for pulsar-client to let
-go of walsvc's callbacks (``_client.release_callbacks``), then shuts every client down.
+still use takes the process down), ``_shut_down_at_exit`` shuts every client down, which
+ends what is still in flight on it (a failed open's lookup retries until its operation
+timeout otherwise), then waits for pulsar-client to let go of walsvc's callbacks
+(``_client.release_callbacks``). In that order a script whose open failed on an
+unreachable broker exits in 2.2 s, not 4.2 s (the wait for the retrying lookup's callback
+was the difference).
 
 Clients are shared by the service URL and the two timeouts the C++ client takes at
 creation (``operation_timeout``, ``connect_timeout``); the other options are a WAL's own.
@@ -117,10 +121,9 @@ def _new_client(url: str, operation_timeout: int, connect_timeout_ms: int) -> pu
 
 @atexit.register
 def _shut_down_at_exit() -> None:
-    """At interpreter exit, before its teardown: once pulsar-client let go of walsvc's
-    callbacks, shut this process's clients down (their connections and threads end,
-    without a word to the broker) and free them."""
-    release_callbacks()
+    """At interpreter exit, before its teardown: shut this process's clients down (their
+    connections and threads end, without a word to the broker), free them, then wait
+    until pulsar-client let go of walsvc's callbacks."""
     with _registry.lock:
         clients = list(_registry.live().values())
         _registry.clients.clear()

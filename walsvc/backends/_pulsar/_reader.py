@@ -93,7 +93,7 @@ class OrderedReader:
     ``start`` and ``inclusive`` record where the reader was created (an id, or the
     names ``"earliest"`` / ``"latest"``; None if unknown) so that a replacement can
     resume where it left off (``_log.reopen``). ``creations``, those of the reader's
-    client, see its close through before the client closes (None: nobody waits)."""
+    client, see its close through before the WAL's close ends (None: nobody waits)."""
 
     __slots__ = (
         "_closing",
@@ -212,7 +212,7 @@ class OrderedReader:
         pulsar-client's close of a reader races a receive in flight on another thread,
         and the loser corrupts the heap (SIGABRT or SIGSEGV later, anywhere; seen in
         ``make test`` while the other worker loaded the machine). A caller cancelled or
-        timed out meanwhile does not stop the close: it goes on, and the client's close
+        timed out meanwhile does not stop the close: it goes on, and the WAL's close
         waits for it (``Creations.see_through``). Idempotent: a second call awaits the
         first's close."""
         if self._closing is None:
