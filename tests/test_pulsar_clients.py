@@ -1,7 +1,7 @@
 """The WALs of a process share one pulsar-client client per Pulsar service and timeouts
-(``walsvc.backends._pulsar._clients``), and the client outlives them: closing a client is
-where pulsar-client 3.12 crashes now and then, so walsvc closes none before exit. Other
-timeouts get a client of their own, and a forked child makes its own."""
+(``walsvc.backends._pulsar._clients``), and the client outlives them: walsvc closes none
+before exit. Other timeouts get a client of their own, and a forked child makes its
+own."""
 
 from __future__ import annotations
 

@@ -27,11 +27,10 @@ thread), and freed their callbacks after the teardown began. walsvc makes those 
 itself (``_calls``) and its exit hook waits for the callbacks to be freed; the last
 test leaves WALs open at random points of a read's start.
 
-The WALs of a process share one client per broker, kept until exit (``_clients``: closing
-a client is where pulsar-client 3.12 crashes now and then), so "nothing left behind"
-means: after the first WAL, the process's native threads and I/O descriptors do not
-grow with more WALs, however they end; at exit, the client is shut down before the
-teardown.
+The WALs of a process share one client per broker, kept until exit (``_clients``), so
+"nothing left behind" means: after the first WAL, the process's native threads and I/O
+descriptors do not grow with more WALs, however they end; at exit, the client is shut
+down before the teardown.
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ class Client:
     shared pulsar.asyncio client (``pulsar``) and this WAL's creations in flight on it
     (``creations``). Every reader, consumer and producer the WAL makes goes through
     ``creations.make``, and the WAL awaits ``creations.aclose`` and closes what it made
-    before it gives the lease back (see ``_creations``: a close of the client that
+    before it stops using the client (see ``_creations``: a shutdown of the client that
     overtakes a creation leaks it, with native threads)."""
 
     __slots__ = ("creations", "pulsar")
@@ -200,7 +200,7 @@ class Client:
 
     @property
     def raw(self) -> Any:
-        """The C++ client, for the callback-style calls pulsar.asyncio does not wrap
+        """The C++ client (``_pulsar.Client``), for the callback-style ``*_async`` calls
         (see ``call_async``)."""
         return self.pulsar._client
 

@@ -6,17 +6,17 @@ connection pool and its lookup service. With one per WAL, a process with 20 WALs
 one broker ran 83 native threads and held 152 descriptors (about 4 threads and 7
 descriptors a WAL), so a node serving a hundred pchannels over ``pulsar://`` would run
 some four hundred threads; Pulsar's own advice is one client per process, made once.
+Shared, 20 WALs ran 34-39 threads (Python's included) and 25 descriptors, and 4 WALs of
+32 producers appended 21.2-24.3k/s against 18.3-19.6k (docs/performance.md).
 
-Closing a client is also where pulsar-client 3.12 crashes the process now and then: its
-close ends connections and executors on a thread of its own while timers of the same I/O
-context are re-armed on others (SIGSEGV in asio's ``epoll_reactor``, a freed timer still
-queued; pulsar-client-cpp#550/#551, fixed after 3.12; docs/pulsar-heap-corruption.md).
-Measured under the Pulsar fault schedule on a loaded machine: 2 crashes in 59 runs that
-closed a client with each WAL, none in 111 runs that kept the clients to the end. So a
-client, once made, is never closed while the process runs: ``lease`` hands a WAL the
+A client, once made, is never closed while the process runs: ``lease`` hands a WAL the
 process's client with creations of the WAL's own (``Client``), and a WAL's close sees its
 creations through and closes what it made, then simply stops using the client. What an
-idle client costs is its threads (four) and a connection to its broker.
+idle client costs is about three native threads and a connection to its broker. Keeping
+them was also meant to avoid pulsar-client 3.12's crash on a freed asio timer still
+queued, seen in clients' closes; it does not (the timer is freed under broker faults and
+crashes the process when it comes due, in a close or later:
+docs/pulsar-heap-corruption.md).
 
 At exit, before the interpreter's teardown (whose destruction of a client its own threads
 still use takes the process down), ``_shut_down_at_exit`` shuts every client down, which
@@ -29,7 +29,8 @@ was the difference).
 Clients are shared by the service URL and the two timeouts the C++ client takes at
 creation (``operation_timeout``, ``connect_timeout``); the other options are a WAL's own.
 A forked child (pyspark's workers) makes clients of its own: its parent's threads are not
-in it, so it never uses, shuts down or frees its parent's clients.
+in it, so it never uses or shuts down its parent's clients, and holds them until the
+interpreter's teardown (as a child's copies of its parent's WALs always were).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class _Registry:
     def __init__(self) -> None:
         self.lock = threading.Lock()  # event loops in several threads may open WALs
         self.clients: dict[_Key, pulsar_asyncio.Client] = {}
-        #: A forked parent's clients: held, never used or freed (freeing one would run
-        #: its destructor, which joins threads that do not exist in this process).
+        #: A forked parent's clients: held, never used or shut down (freeing one while
+        #: the child runs would run its destructor, which joins threads that do not
+        #: exist in this process).
         self.inherited: list[pulsar_asyncio.Client] = []
         self.pid = os.getpid()
 
@@ -102,7 +104,7 @@ def lease(location: str, options: Options) -> Client:
 
 
 def shared_clients() -> int:
-    """How many clients this process has made and keeps (for tests and status)."""
+    """How many clients this process has made and keeps (for tests)."""
     with _registry.lock:
         return len(_registry.live())
 

@@ -10,8 +10,8 @@ behind in 4 of 8 closes.
 So every creation of a WAL's goes through its lease's ``Creations.make`` (``_clients``:
 the WALs of a process share a client): the creation runs to its end whatever happens to
 its caller; what a cancelled caller will never receive is closed (disposed of) when it
-arrives; and ``Creations.aclose``, which the backend awaits before it gives its lease of
-the client back, refuses new creations and waits for those in flight. Other work that
+arrives; and ``Creations.aclose``, which the backend awaits before it stops using the
+client, refuses new creations and waits for those in flight. Other work that
 must end first (a reader's close, which waits for a pop in a worker thread first) goes
 through ``Creations.see_through``.
 
