@@ -59,7 +59,8 @@ __all__ = ("broker",)
 #: inodes, what an I/O context holds), and a
 #: report registered before walsvc makes its first client, so that it runs after
 #: walsvc's own exit hook (atexit runs hooks last-in first-out): the pulsar-client
-#: objects still alive then.
+#: objects still alive then, but for those closed and retired (``_clients.retire``: kept
+#: alive, never freed once the client is shut down).
 _CHECK_AT_EXIT = """
     import atexit, gc, os, sys, threading, time
 
@@ -89,8 +90,14 @@ _CHECK_AT_EXIT = """
 
     def report():
         import pulsar.asyncio
+        from walsvc.backends._pulsar._clients import retired
         kinds = (pulsar.asyncio.Client, pulsar.asyncio.Producer, pulsar.asyncio.Consumer)
-        alive = sorted(type(o).__name__ for o in gc.get_objects() if isinstance(o, kinds))
+        kept = {id(o) for o in retired()}
+        alive = sorted(
+            type(o).__name__
+            for o in gc.get_objects()
+            if isinstance(o, kinds) and id(o) not in kept
+        )
         print("alive at exit:", alive, flush=True)
 
     atexit.register(report)

@@ -25,6 +25,7 @@ import pulsar.asyncio as pulsar_asyncio
 from pulsar import _pulsar
 
 from ._client import Client, call_async, call_in_thread
+from ._clients import retire
 
 __all__ = (
     "NATIVE",
@@ -81,7 +82,9 @@ NATIVE: Final = (pulsar_asyncio.Producer, pulsar_asyncio.Consumer, Reader)
 
 
 async def close(resource: Resource) -> None:
-    """Close a producer, consumer or reader."""
+    """Close a producer, consumer or reader; it is then kept alive a while (``retire``:
+    a timer of it may still be queued in its client's I/O thread)."""
+    retire(resource)
     if isinstance(resource, pulsar_asyncio.Producer):
         await call_async(resource._producer.close_async)
     elif isinstance(resource, pulsar_asyncio.Consumer):
@@ -91,7 +94,9 @@ async def close(resource: Resource) -> None:
 
 
 async def unsubscribe(consumer: pulsar_asyncio.Consumer) -> None:
-    """Delete ``consumer``'s subscription (and close the consumer)."""
+    """Delete ``consumer``'s subscription (and close the consumer, kept alive a while as
+    by ``close``)."""
+    retire(consumer)
     await call_async(consumer._consumer.unsubscribe_async)
 
 

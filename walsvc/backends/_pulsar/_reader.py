@@ -32,6 +32,7 @@ from walsvc.core._errors import WALClosed
 from .._process_threads import ProcessThreads
 from ._calls import Reader
 from ._client import PULSAR_ERRORS, call_in_thread, translate
+from ._clients import retire
 from ._creations import Creations
 from ._ids import PulsarMessageId
 
@@ -229,4 +230,5 @@ class OrderedReader:
         if waiting is not None:
             waiting.add_done_callback(_retrieve)
             await asyncio.wait((waiting,))
+        retire(self._reader)  # a timer of it may still be queued (``_clients.retire``)
         await call_in_thread(self._raw.close)
