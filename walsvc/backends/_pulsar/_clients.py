@@ -46,7 +46,7 @@ Such a timer comes due within its client's operation timeout (the creation timer
 send timeout walsvc gives producers is that timeout too), so an object kept that long
 after its close is freed only once no timer of it can still be queued. With the race made
 certain by a preloaded shim (``tests/test_pulsar_timer_race.py``), a script making and
-closing readers crashed so in 10 runs of 10 without the retirement and in none of 14
+closing readers crashed so in 10 runs of 10 without the retirement and in none of 15
 with it. What it costs: the memory of what was closed in the last operation timeout and
 ``RETIRE_SLACK`` seconds. At exit, once the clients are shut down, what is still retired
 is never freed (the reactor's destruction would walk a dangling wait). Statistics are off
